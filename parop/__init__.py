@@ -1,0 +1,28 @@
+"""parop: parametric linear operators in JAX that compose like matrices and run
+distributed.
+
+```python
+import jax, jax.numpy as jnp, parop as po
+
+F = po.kron(po.DFT(30), po.DFT(20), po.DFT(10, dtype=jnp.float32))
+y = F @ x                                   # x: (30, 20, 10) float32 -> (30, 20, 6) complex64
+D = po.distribute(F, partition=(2, 1, 1))   # the same map, one shard_map program
+```
+"""
+
+from . import testing
+from .algebra import Compose, Kron, Scale, Sum, kron
+from .display import tree
+from .operator import Bound, Operator
+from .operators import (
+    DFT, Adjoint, Diagonal, Identity, InverseDFT, Leaf, Matrix, PerModeMatrix, Reduce,
+    Restriction, Role,
+)
+from .params import init
+from .testing import to_dense
+
+__all__ = [
+    "Adjoint", "Bound", "Compose", "DFT", "Diagonal", "Identity", "InverseDFT", "Kron",
+    "Leaf", "Matrix", "Operator", "PerModeMatrix", "Reduce", "Restriction", "Role", "Scale",
+    "Sum", "init", "kron", "testing", "to_dense", "tree",
+]

@@ -1,0 +1,106 @@
+"""How operators show themselves: a one-line `repr`, a tree with shapes and dtypes
+(`po.tree`), and an HTML table for Jupyter."""
+
+from __future__ import annotations
+
+import html as _html
+
+from .algebra import Compose, Kron, Scale, Sum
+from .operator import Operator
+from .operators import DFT, Adjoint, Diagonal, Identity, InverseDFT, Matrix, PerModeMatrix, Reduce, Restriction
+
+
+def _dims(shape) -> str:
+    return "×".join(map(str, shape))
+
+
+def _leaf(op: Operator) -> str | None:
+    norm = "" if getattr(op, "norm", "backward") == "backward" else f", {op.norm}"
+    if isinstance(op, Identity):
+        return f"I({op.n})"
+    if isinstance(op, DFT):
+        return f"{'r' if op.real else ''}DFT({op.n}{norm})"
+    if isinstance(op, InverseDFT):
+        return f"i{'r' if op.real else ''}DFT({op.n}{norm})"
+    if isinstance(op, (Matrix, PerModeMatrix)):
+        return f"{type(op).__name__}({_dims(op.param_shape)} {op.name!r})"
+    if isinstance(op, Diagonal):
+        return f"Diagonal({op.n} {op.name!r})"
+    if isinstance(op, Restriction):
+        return f"Restriction({op.n}→{op.range_shape[0]})"
+    if isinstance(op, Reduce):
+        return f"Reduce({op.n})"
+    if isinstance(op, Adjoint):
+        return f"{short(op.of)}ᴴ"
+    return None
+
+
+def short(op: Operator) -> str:
+    """One line: `DFT(30) ⊗ DFT(20) ⊗ rDFT(10)`, `R(32→12) @ DFT(32)`, ..."""
+    label = _leaf(op)
+    if label is not None:
+        return label
+
+    def wrap(child, *inner):
+        text = short(child)
+        return f"({text})" if isinstance(child, inner) else text
+
+    if isinstance(op, Kron):
+        return " ⊗ ".join(wrap(f, Compose, Sum, Scale) for f in op.factors)
+    if isinstance(op, Compose):
+        return " @ ".join(wrap(o, Kron, Sum) for o in op.ops)
+    if isinstance(op, Sum):
+        text = wrap(op.terms[0], Sum)
+        for t in op.terms[1:]:
+            negative = isinstance(t, Scale) and isinstance(t.c, float) and t.c < 0
+            text += f" - {short(Scale(-t.c, t.op))}" if negative else f" + {wrap(t, Sum)}"
+        return text
+    if isinstance(op, Scale):
+        inner = wrap(op.op, Kron, Compose, Sum)
+        return inner if op.c == 1 else f"{op.c:g}·{inner}"
+    return op.describe() if hasattr(op, "describe") else type(op).__name__
+
+
+def _rows(op: Operator, depth: int = 0):
+    name = _leaf(op) or {Kron: "⊗ kron", Compose: "@ compose", Sum: "+ sum"}.get(type(op))
+    if name is None:
+        name = short(op) if not isinstance(op, Scale) else f"{op.c:g}· scale"
+    yield depth, name, op
+    if _leaf(op) is None:
+        for child in op.children():
+            yield from _rows(child, depth + 1)
+
+
+def _signature(op: Operator) -> str:
+    return f"{op.domain_shape} {op.dtype} → {op.range_shape} {op.range_dtype}"
+
+
+def tree(op: Operator) -> str:
+    """The operator tree, one node a line, with shapes and dtypes.
+
+    ```python
+    >>> print(po.tree(po.kron(po.DFT(30), po.DFT(10, dtype=jnp.float32))))
+    ⊗ kron          (30, 10) float32 → (30, 6) complex64
+      DFT(30)       (30,) complex64 → (30,) complex64
+      rDFT(10)      (10,) float32 → (6,) complex64
+    ```
+    """
+    rows = [("  " * d + name, _signature(o)) for d, name, o in _rows(op)]
+    width = max(len(r[0]) for r in rows) + 2
+    return "\n".join(f"{a:<{width}}{b}" for a, b in rows)
+
+
+def html(op: Operator) -> str:
+    """The tree as an HTML table, for Jupyter."""
+    body = "".join(
+        f"<tr><td style='text-align:left;padding-left:{1.2 * d + 0.3:.1f}em'>{_html.escape(name)}</td>"
+        f"<td>{_html.escape(str(o.domain_shape))}</td><td>{o.dtype}</td>"
+        f"<td>{_html.escape(str(o.range_shape))}</td><td>{o.range_dtype}</td>"
+        f"<td>{', '.join(sorted(o.parameters)) if _leaf(o) else ''}</td></tr>"
+        for d, name, o in _rows(op)
+    )
+    return (
+        f"<div><code>{_html.escape(short(op))}</code><table>"
+        "<tr><th>operator</th><th>domain</th><th>dtype</th><th>range</th><th>dtype</th>"
+        f"<th>parameters</th></tr>{body}</table></div>"
+    )

@@ -1,0 +1,247 @@
+"""`Operator`, the interface every parop operator has, and `Bound`, an operator with
+its parameters.
+
+An operator is an immutable description of a linear map between tensors of
+`domain_shape` and `range_shape`. Subclasses implement four things:
+
+- `out_dtype(dtype)`: the output dtype on input of `dtype`, or `None` if refused;
+- `_apply(θ, x, axis)`: the map on the axes `axis, axis + 1, ...` of `x`, which may
+  have other axes before (kron neighbours) and after (kron neighbours, batch);
+- `_adjoint()`: a new operator for the exact adjoint (`.H` caches it);
+- `children()`: the operators it is built from.
+
+Everything else (`@`, `+`, `.H`, flat/tensor input handling, checks) lives here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _dtypes
+
+Params = Mapping[str, Any]
+
+
+class Operator:
+    """A linear operator from `domain_shape` tensors to `range_shape` tensors.
+
+    ```python
+    >>> import parop as po
+    >>> A = po.kron(po.DFT(8), po.Identity(4, dtype="complex64"))
+    >>> A.domain_shape, A.range_shape, A.shape
+    ((8, 4), (8, 4), (32, 32))
+    ```
+    """
+
+    domain_shape: tuple[int, ...]
+    range_shape: tuple[int, ...]
+    dtype: np.dtype
+    range_dtype: np.dtype
+
+    # -- the interface subclasses implement ------------------------------------------
+    def out_dtype(self, dtype) -> np.dtype | None:
+        raise NotImplementedError
+
+    def _apply(self, θ: Params, x: jax.Array, axis: int) -> jax.Array:
+        raise NotImplementedError
+
+    def _adjoint(self) -> "Operator":
+        raise NotImplementedError
+
+    def children(self) -> tuple["Operator", ...]:
+        return ()
+
+    def inverse(self) -> "Operator":
+        """The inverse operator, where one exists (`DFT`, `Identity` and what is built
+        from them); a `TypeError` otherwise."""
+        raise TypeError(f"{self!r} has no inverse in parop")
+
+    # -- derived ----------------------------------------------------------------------
+    def __setattr__(self, name, value):
+        raise AttributeError(f"parop operators are immutable: cannot set {name!r}")
+
+    def _cache(self, name: str, make):
+        """Memoise `make()` on this (immutable) instance."""
+        try:
+            return self.__dict__[name]
+        except KeyError:
+            value = make()
+            object.__setattr__(self, name, value)
+            return value
+
+    @property
+    def H(self) -> "Operator":
+        """The exact adjoint: `<A x, y> == <x, A.H y>`; `A.H.H is A`."""
+
+        def make():
+            adjoint = self._adjoint()
+            object.__setattr__(adjoint, "_H", self)
+            return adjoint
+
+        return self._cache("_H", make)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """`(prod(range_shape), prod(domain_shape))`, the shape of the dense matrix."""
+        return (self.range_size, self.domain_size)
+
+    @property
+    def domain_size(self) -> int:
+        return math.prod(self.domain_shape)
+
+    @property
+    def range_size(self) -> int:
+        return math.prod(self.range_shape)
+
+    @property
+    def ndim(self) -> int:
+        """The number of tensor axes the operator acts on (the same in domain and range)."""
+        return len(self.domain_shape)
+
+    @property
+    def parameters(self) -> dict[str, "Operator"]:
+        """`{name: leaf}` for every parametric leaf, as `po.init` names them."""
+        from .params import parametric_leaves
+
+        return self._cache("_parameters", lambda: parametric_leaves(self))
+
+    # -- application --------------------------------------------------------------
+    def apply(self, θ: Params | None, x) -> jax.Array:
+        """`A(θ) @ x`. `x` is a tensor `domain_shape + batch` or flat `(N,)`/`(N, b)`.
+
+        ```python
+        >>> y = A.apply({}, jnp.ones((8, 4)))
+        ```
+        """
+        from .params import check_params
+
+        x, unflatten = _as_tensor(self, x)
+        x = _as_input_dtype(self, x)
+        θ = {} if θ is None else θ
+        check_params(self, θ)
+        return unflatten(self._apply(θ, x, 0))
+
+    def __call__(self, θ: Params) -> "Bound":
+        return Bound(self, θ)
+
+    def __matmul__(self, other):
+        if isinstance(other, Operator):
+            from .algebra import compose
+
+            return compose(self, other)
+        if self.parameters:
+            raise TypeError(
+                f"{self!r} has parameters {sorted(self.parameters)}: apply it as A(θ) @ x "
+                "with θ = po.init(A, key)"
+            )
+        return self.apply({}, other)
+
+    # -- arithmetic ------------------------------------------------------------------
+    def __add__(self, other: "Operator") -> "Operator":
+        from .algebra import add
+
+        return add(self, other)
+
+    def __sub__(self, other: "Operator") -> "Operator":
+        from .algebra import add, scale
+
+        return add(self, scale(-1, other))
+
+    def __mul__(self, c) -> "Operator":
+        from .algebra import scale
+
+        return scale(c, self)
+
+    __rmul__ = __mul__
+
+    def __neg__(self) -> "Operator":
+        from .algebra import scale
+
+        return scale(-1, self)
+
+    # -- display ---------------------------------------------------------------------
+    def __repr__(self) -> str:
+        from .display import short
+
+        return short(self)
+
+    def _repr_html_(self) -> str:
+        from .display import html
+
+        return html(self)
+
+
+class Bound:
+    """An operator together with its parameters: what `A(θ)` returns.
+
+    ```python
+    >>> y = A(θ) @ x          # the same as A.apply(θ, x)
+    >>> x2 = A(θ).H @ y
+    ```
+    """
+
+    __slots__ = ("operator", "params")
+
+    def __init__(self, operator: Operator, params: Params):
+        object.__setattr__(self, "operator", operator)
+        object.__setattr__(self, "params", params)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Bound is immutable")
+
+    def __matmul__(self, x) -> jax.Array:
+        if isinstance(x, (Operator, Bound)):
+            raise TypeError("compose operators before binding parameters: (A @ B)(θ) @ x")
+        return self.operator.apply(self.params, x)
+
+    def apply(self, x) -> jax.Array:
+        return self.operator.apply(self.params, x)
+
+    @property
+    def H(self) -> "Bound":
+        return Bound(self.operator.H, self.params)
+
+    def __repr__(self) -> str:
+        return f"{self.operator!r}(θ)"
+
+
+def _as_tensor(op: Operator, x):
+    """`x` as a `domain_shape + batch` tensor, and the function that shapes the result
+    back (flat input gives flat output)."""
+    x = jnp.asarray(x)
+    n = op.ndim
+    if x.shape[:n] == op.domain_shape:
+        return x, lambda y: y
+    if x.ndim in (1, 2) and x.shape[0] == op.domain_size:
+        batch = x.shape[1:]
+        return x.reshape(op.domain_shape + batch), lambda y: y.reshape((op.range_size,) + batch)
+    raise ValueError(
+        f"{op!r}: input of shape {x.shape} is neither a tensor of domain shape "
+        f"{op.domain_shape} (+ trailing batch axes) nor flat ({op.domain_size},) or "
+        f"({op.domain_size}, b)"
+    )
+
+
+def _as_input_dtype(op: Operator, x: jax.Array) -> jax.Array:
+    """`x` itself where `op` takes its dtype, `x` cast to `op.dtype` where that loses
+    nothing (int or float32 into a complex64 operator), else a `TypeError`."""
+    if op.out_dtype(x.dtype) is not None:
+        return x
+    if np.promote_types(x.dtype, op.dtype) == op.dtype:
+        return x.astype(op.dtype)
+    raise TypeError(
+        f"{op!r} takes {op.dtype} input, got {x.dtype} (casting would lose information)"
+    )
+
+
+def input_dtype(op: Operator, candidates) -> np.dtype | None:
+    """The first dtype of `candidates` that `op` takes, or `None`."""
+    for d in candidates:
+        if op.out_dtype(_dtypes.canonical(d)) is not None:
+            return _dtypes.canonical(d)
+    return None

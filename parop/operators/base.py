@@ -1,0 +1,149 @@
+"""`Leaf`, what every leaf operator shares, and `Adjoint`, the adjoint of a leaf.
+
+A leaf says, besides its shapes and dtypes:
+
+- its dtype `flow` (see `parop._dtypes.Flow`);
+- the `roles` of its domain axes for the distribution planner (see `Role`);
+- its parameter, if it has one: `param_shape`, `param_dtype`, `param_axes` (which
+  operator axis each weight axis runs along, `None` for a weight axis that is
+  needed whole), and how to draw it (`init_param`);
+- `_forward(w, x, axis)` and `_backward(w, x, axis)`: the map and its exact adjoint on
+  the axes of `x` from `axis` on, with `w` the weight (or `None`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from enum import Enum
+
+import jax
+import numpy as np
+
+from .. import _dtypes
+from .._dtypes import Flow
+from ..operator import Operator, Params
+
+
+class Role(Enum):
+    """What a leaf needs of one of its axes when the axis is partitioned over devices.
+
+    - `LOCAL`: the axis must be whole on each device (DFT, Matrix, Restriction).
+    - `POINTWISE`: element i of the output depends only on element i of the input
+      (Identity, Diagonal, the mode axes of a `PerModeMatrix`): the axis stays split.
+    - `REDUCE`: a sum over the axis (n -> 1): a local sum, then a `psum`.
+    - `BROADCAST`: the adjoint of `REDUCE` (1 -> n): each device fills its own part.
+    """
+
+    LOCAL = "local"
+    POINTWISE = "pointwise"
+    REDUCE = "reduce"
+    BROADCAST = "broadcast"
+
+    @property
+    def adjoint(self) -> "Role":
+        return {Role.REDUCE: Role.BROADCAST, Role.BROADCAST: Role.REDUCE}.get(self, self)
+
+
+_counters: defaultdict[str, itertools.count] = defaultdict(itertools.count)
+
+
+def fresh_name(prefix: str) -> str:
+    """A parameter name no other leaf of this process has: `Matrix_0`, `Matrix_1`, ..."""
+    return f"{prefix}_{next(_counters[prefix])}"
+
+
+def positive_int(value, what: str, op: str) -> int:
+    """`value` as an int >= 1, or a `ValueError` that names the operator."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{op}: {what} must be a positive int, got {value!r}")
+    return int(value)
+
+
+class Leaf(Operator):
+    """Base class of the leaf operators."""
+
+    flow: Flow
+    roles: tuple[Role, ...]
+    name: str | None = None
+    param_shape: tuple[int, ...] | None = None
+    param_dtype: np.dtype | None = None
+    param_axes: tuple[int | None, ...] = ()
+
+    def _freeze(self, **fields) -> None:
+        for key, value in fields.items():
+            object.__setattr__(self, key, value)
+
+    def _name(self, name: str | None, prefix: str) -> str:
+        if name is None:
+            return fresh_name(prefix)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{prefix}: name must be a non-empty str, got {name!r}")
+        return name
+
+    def out_dtype(self, dtype) -> np.dtype | None:
+        return _dtypes.out_dtype(self.flow, self.dtype, _dtypes.canonical(dtype))
+
+    def init_param(self, key: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def weight(self, θ: Params):
+        return None if self.param_shape is None else θ[self.name]
+
+    def _forward(self, w, x: jax.Array, axis: int) -> jax.Array:
+        raise NotImplementedError
+
+    def _backward(self, w, x: jax.Array, axis: int) -> jax.Array:
+        raise NotImplementedError
+
+    def _apply(self, θ: Params, x: jax.Array, axis: int) -> jax.Array:
+        return self._forward(self.weight(θ), x, axis)
+
+    def _adjoint(self) -> Operator:
+        return Adjoint(self)
+
+    @property
+    def leaf(self) -> "Leaf":
+        """The leaf that owns the parameter (itself; the wrapped leaf for an adjoint)."""
+        return self
+
+
+class Adjoint(Leaf):
+    """The adjoint of a leaf: same parameter, domain and range swapped."""
+
+    def __init__(self, of: Leaf):
+        self._freeze(
+            of=of,
+            domain_shape=of.range_shape,
+            range_shape=of.domain_shape,
+            dtype=of.range_dtype,
+            range_dtype=of.dtype,
+            flow=of.flow.adjoint,
+            roles=tuple(r.adjoint for r in of.roles),
+            name=of.name,
+            param_shape=of.param_shape,
+            param_dtype=of.param_dtype,
+            param_axes=of.param_axes,
+        )
+
+    @property
+    def leaf(self) -> Leaf:
+        return self.of
+
+    def children(self) -> tuple[Operator, ...]:
+        return (self.of,)
+
+    def init_param(self, key: jax.Array) -> jax.Array:
+        return self.of.init_param(key)
+
+    def _forward(self, w, x, axis):
+        return self.of._backward(w, x, axis)
+
+    def _backward(self, w, x, axis):
+        return self.of._forward(w, x, axis)
+
+    def _adjoint(self) -> Operator:
+        return self.of
+
+    def inverse(self) -> Operator:
+        return self.of.inverse().H

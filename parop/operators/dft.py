@@ -1,0 +1,100 @@
+"""`DFT`, the discrete Fourier transform along an axis, and `InverseDFT`."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _dtypes
+from .._dtypes import Flow
+from .base import Leaf, Role, positive_int
+from .diagonal import along
+
+NORMS = ("backward", "ortho", "forward")
+_DUAL = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
+
+
+def _hermitian_weights(n: int, dtype) -> np.ndarray:
+    """How often each of the `n//2 + 1` half-spectrum bins stands in the full spectrum:
+    1 for the zero (and, for even `n`, the Nyquist) bin, 2 for the others."""
+    c = np.full(n // 2 + 1, 2.0, dtype=dtype)
+    c[0] = 1.0
+    if n % 2 == 0:
+        c[-1] = 1.0
+    return c
+
+
+class DFT(Leaf):
+    """The DFT along an axis of size `n`, normalised as `numpy.fft` (`norm`).
+
+    Complex `dtype`: `fft`, n -> n. Real `dtype`: `rfft`, n real values -> n//2 + 1
+    complex ones. `.H` is the exact adjoint (for the real DFT: the map back to n reals
+    that passes the dot test with the real inner product; *not* the inverse), and
+    `.inverse()` the inverse (`irfft` with length n for the real DFT).
+
+    ```python
+    >>> F = po.DFT(10, dtype=jnp.float32)      # rDFT: (10,) float32 -> (6,) complex64
+    >>> F @ jnp.arange(10.0)                   # == jnp.fft.rfft(jnp.arange(10.0))
+    ```
+    """
+
+    roles = (Role.LOCAL,)
+
+    def __init__(self, n: int, dtype="complex64", norm: str = "backward"):
+        n = positive_int(n, "n", "DFT")
+        dtype = _dtypes.canonical(dtype)
+        if not _dtypes.is_float(dtype):
+            raise TypeError(f"DFT: dtype must be a float or complex dtype, got {dtype}")
+        if norm not in NORMS:
+            raise ValueError(f"DFT: norm must be one of {NORMS}, got {norm!r}")
+        real = not _dtypes.is_complex(dtype)
+        self._freeze(
+            n=n, norm=norm, real=real, domain_shape=(n,),
+            range_shape=(n // 2 + 1,) if real else (n,),
+            dtype=dtype, range_dtype=_dtypes.complex_of(dtype),
+            flow=Flow.R2C if real else Flow.COMPLEX,
+        )
+
+    def _forward(self, w, x, axis):
+        if self.real:
+            return jnp.fft.rfft(x, axis=axis, norm=self.norm)
+        return jnp.fft.fft(x, axis=axis, norm=self.norm)
+
+    def _backward(self, w, x, axis):
+        dual = _DUAL[self.norm]
+        if self.real:
+            c = _hermitian_weights(self.n, x.dtype)
+            return jnp.fft.irfft(x / along(c, x, axis), n=self.n, axis=axis, norm=dual)
+        return jnp.fft.ifft(x, axis=axis, norm=dual)
+
+    def inverse(self) -> "InverseDFT":
+        return self._cache("_inverse", lambda: InverseDFT(self))
+
+
+class InverseDFT(Leaf):
+    """The inverse of a `DFT` (what `DFT(...).inverse()` returns): `ifft`, or `irfft`
+    with length `n` for a real DFT."""
+
+    roles = (Role.LOCAL,)
+
+    def __init__(self, of: DFT):
+        self._freeze(
+            of=of, n=of.n, norm=of.norm, real=of.real,
+            domain_shape=of.range_shape, range_shape=of.domain_shape,
+            dtype=of.range_dtype, range_dtype=of.dtype, flow=of.flow.adjoint,
+        )
+
+    def _forward(self, w, x, axis):
+        if self.real:
+            return jnp.fft.irfft(x, n=self.n, axis=axis, norm=self.norm)
+        return jnp.fft.ifft(x, axis=axis, norm=self.norm)
+
+    def _backward(self, w, x, axis):
+        dual = _DUAL[self.norm]
+        if self.real:
+            y = jnp.fft.rfft(x, axis=axis, norm=dual)
+            return y * along(_hermitian_weights(self.n, y.dtype), y, axis)
+        return jnp.fft.fft(x, axis=axis, norm=dual)
+
+    def inverse(self) -> DFT:
+        return self.of

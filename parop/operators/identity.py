@@ -1,0 +1,40 @@
+"""`Identity`: the operator that does nothing, and costs nothing."""
+
+from __future__ import annotations
+
+from .. import _dtypes
+from .._dtypes import Flow
+from .base import Leaf, Role, positive_int
+
+
+class Identity(Leaf):
+    """The identity on an axis of size `n`. Takes data of any dtype.
+
+    In a kron it marks an axis the other factors leave alone; it applies as a no-op
+    (no copy, no transpose) and, distributed, its axis can hold a device split.
+
+    ```python
+    >>> C = po.kron(po.Matrix(50, 50, name="mix"), po.Identity(30), po.Identity(10))
+    ```
+    """
+
+    flow = Flow.ANY
+
+    def __init__(self, n: int, dtype="float32"):
+        n = positive_int(n, "n", "Identity")
+        dtype = _dtypes.canonical(dtype)
+        self._freeze(
+            n=n, domain_shape=(n,), range_shape=(n,), dtype=dtype, range_dtype=dtype,
+            roles=(Role.POINTWISE,),
+        )
+
+    def _forward(self, w, x, axis):
+        return x
+
+    _backward = _forward
+
+    def _adjoint(self):
+        return self
+
+    def inverse(self):
+        return self

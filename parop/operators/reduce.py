@@ -1,0 +1,36 @@
+"""`Reduce`: the sum over an axis."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .. import _dtypes
+from .._dtypes import Flow
+from .base import Leaf, Role, positive_int
+
+
+class Reduce(Leaf):
+    """The sum over an axis of size `n`, keeping it as an axis of size 1: a `1 x n`
+    row of ones. Its adjoint broadcasts. Distributed over a split axis it is a local
+    sum and an all-reduce (`psum`); the result comes back replicated.
+
+    ```python
+    >>> S = po.kron(po.Reduce(8), po.Identity(100))
+    >>> S @ jnp.ones((8, 100))                 # shape (1, 100), all 8.0
+    ```
+    """
+
+    flow = Flow.ANY
+    roles = (Role.REDUCE,)
+
+    def __init__(self, n: int, dtype="float32"):
+        n = positive_int(n, "n", "Reduce")
+        dtype = _dtypes.canonical(dtype)
+        self._freeze(n=n, domain_shape=(n,), range_shape=(1,), dtype=dtype, range_dtype=dtype)
+
+    def _forward(self, w, x, axis):
+        return jnp.sum(x, axis=axis, keepdims=True)
+
+    def _backward(self, w, x, axis):
+        shape = x.shape[:axis] + (self.n,) + x.shape[axis + 1 :]
+        return jnp.broadcast_to(x, shape)

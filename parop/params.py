@@ -1,0 +1,90 @@
+"""Parameters: naming, `po.init`, and checking a parameter dict against an operator.
+
+Parameters are a plain dict `{name: jax.Array}`, one entry per distinct parametric
+leaf. A leaf's name is its `name=` or one generated when it was built (`Matrix_0`,
+...). The same leaf object used twice is one entry (a shared weight); two leaves
+built with the same name share one weight, so their shapes and dtypes must agree.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from typing import Mapping
+
+import jax
+import numpy as np
+
+from . import _dtypes
+from .operator import Operator
+from .operators.base import Leaf
+
+
+def parametric_leaves(op: Operator) -> dict[str, Leaf]:
+    """`{name: leaf}` for the parametric leaves of `op` (what `op.parameters` gives)."""
+    if isinstance(op, Leaf):
+        leaf = op.leaf
+        return {} if leaf.param_shape is None else {leaf.name: leaf}
+    found: dict[str, Leaf] = {}
+    for child in op.children():
+        for name, leaf in child.parameters.items():
+            other = found.setdefault(name, leaf)
+            if other is not leaf and (other.param_shape, other.param_dtype) != (leaf.param_shape, leaf.param_dtype):
+                raise ValueError(
+                    f"two leaves named {name!r} share one weight but disagree: {other!r} has "
+                    f"{other.param_shape} {other.param_dtype}, {leaf!r} has "
+                    f"{leaf.param_shape} {leaf.param_dtype}"
+                )
+    return found
+
+
+def _seed(name: str) -> int:
+    """A fixed number for `name`, so that a weight's value depends only on the key and
+    its name, not on the rest of the operator (or on how it is distributed)."""
+    return zlib.crc32(name.encode())
+
+
+@functools.singledispatch
+def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
+    """The parameters of `op`: `{name: array}`, deterministic in `key`.
+
+    Each weight is drawn from `jax.random.fold_in(key, crc32(name))`, so its value
+    depends only on `key` and its name. A `Matrix` is normal with variance `1/n`
+    (it keeps the variance of its input), a `Diagonal` starts at ones, a
+    `PerModeMatrix` is normal with variance `1/c_in`; complex dtypes give complex
+    weights.
+
+    ```python
+    >>> S = po.kron(po.Matrix(50, 50, name="mix"), po.Identity(30), po.Identity(10))
+    >>> θ = po.init(S, jax.random.key(0))      # {"mix": Array (50, 50) float32}
+    ```
+    """
+    if not isinstance(op, Operator):
+        raise TypeError(f"po.init takes a parop operator, got {type(op).__name__}")
+    return {
+        name: leaf.init_param(jax.random.fold_in(key, _seed(name)))
+        for name, leaf in op.parameters.items()
+    }
+
+
+def check_params(op: Operator, θ: Mapping) -> None:
+    """A `ValueError` naming the key and what was expected if `θ` lacks a parameter of
+    `op`, or has one of the wrong shape or dtype. Extra keys are allowed."""
+    expected = op.parameters
+    if not expected:
+        return
+    if not isinstance(θ, Mapping):
+        raise TypeError(f"{op!r}: parameters must be a dict {{name: array}}, got {type(θ).__name__}")
+    for name, leaf in expected.items():
+        if name not in θ:
+            raise ValueError(
+                f"{op!r}: parameter {name!r} of {leaf!r} is missing (expected shape "
+                f"{leaf.param_shape}, dtype {leaf.param_dtype}); θ has {sorted(θ)}"
+            )
+        value = θ[name]
+        shape, dtype = np.shape(value), getattr(value, "dtype", None)
+        if shape != leaf.param_shape or dtype is None or _dtypes.canonical(dtype) != leaf.param_dtype:
+            raise ValueError(
+                f"{op!r}: parameter {name!r} of {leaf!r} must have shape {leaf.param_shape} "
+                f"and dtype {leaf.param_dtype}, got shape {shape} and dtype {dtype}"
+            )

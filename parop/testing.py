@@ -1,0 +1,58 @@
+"""Dense references and the dot test."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from . import _dtypes
+from .operator import Operator, Params
+
+
+def to_dense(A: Operator, θ: Params | None = None) -> jax.Array:
+    """The `A.shape` matrix `M` of `A` (column j is `A` applied to the j-th unit vector
+    of the C-order flattened domain).
+
+    For a real-linear operator with a complex domain and a real range (the adjoint or
+    inverse of a real `DFT`), `M` is the complex matrix with `A y == Re(M y)`; then
+    `to_dense(A.H) == to_dense(A).conj().T` holds for every operator.
+
+    ```python
+    >>> po.to_dense(po.DFT(4))                 # == np.fft.fft(np.eye(4), axis=0)
+    ```
+    """
+    n = A.domain_size
+
+    def columns(eye):
+        return A.apply(θ, eye.reshape(A.domain_shape + (n,))).reshape(A.range_size, n)
+
+    eye = jnp.eye(n, dtype=A.dtype)
+    if _dtypes.is_complex(A.dtype) and not _dtypes.is_complex(A.range_dtype):
+        return jax.lax.complex(columns(eye), -columns(1j * eye))
+    return columns(eye)
+
+
+def random(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+    """Standard normal values (complex normal for a complex dtype)."""
+    return jax.random.normal(key, shape, dtype)
+
+
+def dot_test(A: Operator, θ: Params | None = None, key: jax.Array | None = None) -> float:
+    """The relative mismatch `|<A x, y> - <x, A.H y>| / max(|<A x, y>|, |<x, A.H y>|)`
+    for random `x`, `y`, with `<u, v> = sum(conj(u) * v)`, real parts where the domain
+    or the range is real. About the dtype's rounding error for a correct adjoint.
+
+    ```python
+    >>> po.testing.dot_test(po.DFT(10, dtype=jnp.float64)) < 1e-12
+    True
+    ```
+    """
+    kx, ky = jax.random.split(jax.random.key(0) if key is None else key)
+    x = random(kx, A.domain_shape, A.dtype)
+    y = random(ky, A.range_shape, A.range_dtype)
+    lhs = jnp.vdot(A.apply(θ, x), y)
+    rhs = jnp.vdot(x, A.H.apply(θ, y))
+    if not (_dtypes.is_complex(A.dtype) and _dtypes.is_complex(A.range_dtype)):
+        lhs, rhs = lhs.real, rhs.real
+    scale = jnp.maximum(jnp.maximum(jnp.abs(lhs), jnp.abs(rhs)), jnp.finfo(lhs.dtype).tiny)
+    return float(jnp.abs(lhs - rhs) / scale)

@@ -1,0 +1,171 @@
+"""Independent dense references: each operator's matrix built from NumPy (`np.fft`,
+`np.eye`, `np.kron`) and, for weights, plain `jnp` (so the reference can be
+differentiated), never from parop's own apply code. Plus random operator trees."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import parop as po
+
+DTYPES = ["float32", "float64", "complex64", "complex128"]
+
+
+def tol(dtype) -> float:
+    return 1e-4 if np.finfo(dtype).bits <= 32 else 1e-11
+
+
+def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    x = rng.standard_normal(shape)
+    if np.issubdtype(dtype, np.complexfloating):
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def random_params(op: po.Operator, seed: int = 0) -> dict[str, jax.Array]:
+    """Random values for every parameter (more telling than `po.init`'s ones)."""
+    rng = np.random.default_rng(seed)
+    return {
+        name: jnp.asarray(random_array(rng, leaf.param_shape, leaf.param_dtype))
+        for name, leaf in sorted(op.parameters.items())
+    }
+
+
+def _fft_matrix(op) -> np.ndarray:
+    """The matrix of a `DFT`/`InverseDFT` from `numpy.fft` applied to unit vectors;
+    for `irfft` the complex `M` with `irfft(z) == Re(M z)`."""
+    n, norm = op.n, op.norm
+    if isinstance(op, po.DFT):
+        eye = np.eye(n)
+        return np.fft.rfft(eye, axis=0, norm=norm) if op.real else np.fft.fft(eye, axis=0, norm=norm)
+    if not op.real:
+        return np.fft.ifft(np.eye(n), axis=0, norm=norm)
+    eye = np.eye(n // 2 + 1)
+    return np.fft.irfft(eye, n, axis=0, norm=norm) - 1j * np.fft.irfft(1j * eye, n, axis=0, norm=norm)
+
+
+def dense(op: po.Operator, θ=None, real_input: bool | None = None) -> jax.Array:
+    return _dense(op, θ, real_input).astype(jnp.complex128)
+
+
+def _dense(op: po.Operator, θ=None, real_input: bool | None = None) -> jax.Array:
+    """The dense matrix of `op` in complex128/float64 (`jnp`, so differentiable in θ).
+
+    Where the data turns real part-way through a composition (`Re` taken by the
+    adjoint or inverse of a real DFT), the reference takes the real part of the
+    product so far; that is exact when the composition's input is real.
+    """
+    θ = θ or {}
+    if real_input is None:
+        real_input = not np.issubdtype(op.dtype, np.complexfloating)
+    if isinstance(op, po.Adjoint):
+        return dense(op.of, θ).conj().T
+    if isinstance(op, po.Identity):
+        return jnp.eye(op.n)
+    if isinstance(op, (po.DFT, po.InverseDFT)):
+        return jnp.asarray(_fft_matrix(op))
+    if isinstance(op, po.Restriction):
+        return jnp.asarray(np.eye(op.n)[op.indices])
+    if isinstance(op, po.Reduce):
+        return jnp.ones((1, op.n))
+    if isinstance(op, po.Matrix):
+        return θ[op.name].astype(jnp.complex128)
+    if isinstance(op, po.Diagonal):
+        return jnp.diag(θ[op.name].astype(jnp.complex128))
+    if isinstance(op, po.PerModeMatrix):
+        w = θ[op.name].astype(jnp.complex128)
+        m = int(np.prod(op.modes))
+        blocks = jnp.einsum("oim,mn->omin", w.reshape(op.c_out, op.c_in, m), jnp.eye(m, dtype=jnp.complex128))
+        return blocks.reshape(op.c_out * m, op.c_in * m)
+    if isinstance(op, po.Kron):
+        out = jnp.ones((1, 1), jnp.complex128)
+        for f in op.factors:
+            out = jnp.kron(out, dense(f, θ))
+        return _real_if(out, op)
+    if isinstance(op, po.Compose):
+        out = jnp.eye(op.domain_size, dtype=jnp.complex128)
+        dtype = op.dtype
+        for o in reversed(op.ops):
+            out = dense(o, θ) @ out
+            dtype = o.out_dtype(dtype)  # the dtype the data really has here
+            if real_input and not np.issubdtype(dtype, np.complexfloating):
+                out = out.real.astype(jnp.complex128)
+        return out
+    if isinstance(op, po.Sum):
+        return functools.reduce(jnp.add, [dense(t, θ) for t in op.terms])
+    if isinstance(op, po.Scale):
+        return op.c * dense(op.op, θ)
+    raise TypeError(f"no reference for {type(op).__name__}")
+
+
+def _real_if(m, op):
+    if not np.issubdtype(op.dtype, np.complexfloating) and not np.issubdtype(op.range_dtype, np.complexfloating):
+        return m.real.astype(jnp.complex128)
+    return m
+
+
+def apply_dense(op: po.Operator, θ, x) -> jax.Array:
+    """`op` applied to a tensor `x` (domain_shape + batch) through its dense matrix."""
+    batch = x.shape[op.ndim:]
+    xf = jnp.asarray(x).reshape(op.domain_size, -1).astype(jnp.complex128)
+    y = dense(op, θ) @ xf
+    if not np.issubdtype(op.range_dtype, np.complexfloating):
+        y = y.real
+    return y.reshape(op.range_shape + batch)
+
+
+# -- random operator trees ---------------------------------------------------------
+
+def random_leaf(rng: np.random.Generator, n: int, dtype: str, names: list) -> po.Operator:
+    """A random square-or-not leaf on an axis of size `n` (range size returned by `.range_shape`)."""
+    kinds = ["identity", "matrix", "diagonal", "restriction", "reduce"]
+    if np.issubdtype(dtype, np.complexfloating):
+        kinds += ["dft", "dft", "idft"]
+    kind = rng.choice(kinds)
+    if kind == "identity":
+        return po.Identity(n, dtype)
+    if kind == "matrix":
+        m = int(rng.integers(1, 6))
+        same = [leaf for leaf in names if leaf.n == n and leaf.dtype == np.dtype(dtype)]
+        if same and rng.random() < 0.3:
+            return same[int(rng.integers(len(same)))]  # the same leaf again: a shared weight
+        leaf = po.Matrix(m, n, dtype)
+        names.append(leaf)
+        return leaf
+    if kind == "diagonal":
+        return po.Diagonal(n, dtype)
+    if kind == "restriction":
+        keep = sorted(set(rng.integers(-n, n, size=int(rng.integers(1, n + 1))).tolist()))
+        return po.Restriction(n, keep, dtype)
+    if kind == "reduce":
+        return po.Reduce(n, dtype)
+    norm = str(rng.choice(["backward", "ortho", "forward"]))
+    dft = po.DFT(n, dtype, norm)
+    return dft if kind == "dft" else dft.inverse()
+
+
+def random_tree(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, depth: int, names=None) -> po.Operator:
+    """A random operator with domain `shape`: kron of per-axis chains, then compositions
+    with further krons, sums, scalars and adjoints, `depth` levels deep."""
+    names = [] if names is None else names
+    if depth == 0 or rng.random() < 0.25:
+        return po.kron(*[random_leaf(rng, n, dtype, names) for n in shape])
+    choice = rng.choice(["compose", "sum", "scale", "adjoint"])
+    if choice == "compose":
+        inner = random_tree(rng, shape, dtype, depth - 1, names)
+        outer = random_tree(rng, inner.range_shape, dtype, depth - 1, names)
+        return outer @ inner
+    if choice == "sum":
+        a = random_tree(rng, shape, dtype, depth - 1, names)
+        b = po.kron(*[po.Identity(n, dtype) if n == m else po.Matrix(m, n, dtype)
+                      for n, m in zip(shape, a.range_shape)])
+        return a + b if rng.random() < 0.5 else a - 2.0 * b
+    if choice == "scale":
+        c = complex(rng.standard_normal(), rng.standard_normal()) if np.issubdtype(dtype, np.complexfloating) else float(rng.standard_normal())
+        return c * random_tree(rng, shape, dtype, depth - 1, names)
+    a = random_tree(rng, shape, dtype, depth - 1, names)
+    return a.H @ a
