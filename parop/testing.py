@@ -37,10 +37,13 @@ def random(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
     return jax.random.normal(key, shape, dtype)
 
 
-def dot_test(A: Operator, θ: Params | None = None, key: jax.Array | None = None) -> float:
+def dot_test(A: Operator, θ: Params | None = None, key: jax.Array | None = None,
+             batch_shape: tuple[int, ...] = ()) -> float:
     """The relative mismatch `|<A x, y> - <x, A.H y>| / max(|<A x, y>|, |<x, A.H y>|)`
     for random `x`, `y`, with `<u, v> = sum(conj(u) * v)`, real parts where the domain
     or the range is real. About the dtype's rounding error for a correct adjoint.
+    `batch_shape` adds trailing batch axes to `x` and `y` (a distributed operator whose
+    partition names batch axes needs them).
 
     ```python
     >>> po.testing.dot_test(po.DFT(10, dtype=jnp.float64)) < 1e-12
@@ -48,8 +51,8 @@ def dot_test(A: Operator, θ: Params | None = None, key: jax.Array | None = None
     ```
     """
     kx, ky = jax.random.split(jax.random.key(0) if key is None else key)
-    x = random(kx, A.domain_shape, A.dtype)
-    y = random(ky, A.range_shape, A.range_dtype)
+    x = random(kx, A.domain_shape + tuple(batch_shape), A.dtype)
+    y = random(ky, A.range_shape + tuple(batch_shape), A.range_dtype)
     lhs = jnp.vdot(A.apply(θ, x), y)
     rhs = jnp.vdot(x, A.H.apply(θ, y))
     if not (_dtypes.is_complex(A.dtype) and _dtypes.is_complex(A.range_dtype)):

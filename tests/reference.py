@@ -120,8 +120,8 @@ def apply_dense(op: po.Operator, θ, x) -> jax.Array:
 
 # -- random operator trees ---------------------------------------------------------
 
-def random_leaf(rng: np.random.Generator, n: int, dtype: str, names: list) -> po.Operator:
-    """A random square-or-not leaf on an axis of size `n` (range size returned by `.range_shape`)."""
+def random_leaf(rng: np.random.Generator, n: int, dtype: str, names: list, sizes=(1, 2, 3, 4, 5)) -> po.Operator:
+    """A random leaf on an axis of size `n`; a `Matrix` maps it to one of `sizes`."""
     kinds = ["identity", "matrix", "diagonal", "restriction", "reduce"]
     if np.issubdtype(dtype, np.complexfloating):
         kinds += ["dft", "dft", "idft"]
@@ -129,7 +129,7 @@ def random_leaf(rng: np.random.Generator, n: int, dtype: str, names: list) -> po
     if kind == "identity":
         return po.Identity(n, dtype)
     if kind == "matrix":
-        m = int(rng.integers(1, 6))
+        m = int(rng.choice(sizes))
         same = [leaf for leaf in names if leaf.n == n and leaf.dtype == np.dtype(dtype)]
         if same and rng.random() < 0.3:
             return same[int(rng.integers(len(same)))]  # the same leaf again: a shared weight
@@ -148,24 +148,25 @@ def random_leaf(rng: np.random.Generator, n: int, dtype: str, names: list) -> po
     return dft if kind == "dft" else dft.inverse()
 
 
-def random_tree(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, depth: int, names=None) -> po.Operator:
+def random_tree(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, depth: int, names=None,
+                sizes=(1, 2, 3, 4, 5)) -> po.Operator:
     """A random operator with domain `shape`: kron of per-axis chains, then compositions
     with further krons, sums, scalars and adjoints, `depth` levels deep."""
     names = [] if names is None else names
     if depth == 0 or rng.random() < 0.25:
-        return po.kron(*[random_leaf(rng, n, dtype, names) for n in shape])
+        return po.kron(*[random_leaf(rng, n, dtype, names, sizes) for n in shape])
     choice = rng.choice(["compose", "sum", "scale", "adjoint"])
     if choice == "compose":
-        inner = random_tree(rng, shape, dtype, depth - 1, names)
-        outer = random_tree(rng, inner.range_shape, dtype, depth - 1, names)
+        inner = random_tree(rng, shape, dtype, depth - 1, names, sizes)
+        outer = random_tree(rng, inner.range_shape, dtype, depth - 1, names, sizes)
         return outer @ inner
     if choice == "sum":
-        a = random_tree(rng, shape, dtype, depth - 1, names)
+        a = random_tree(rng, shape, dtype, depth - 1, names, sizes)
         b = po.kron(*[po.Identity(n, dtype) if n == m else po.Matrix(m, n, dtype)
                       for n, m in zip(shape, a.range_shape)])
         return a + b if rng.random() < 0.5 else a - 2.0 * b
     if choice == "scale":
         c = complex(rng.standard_normal(), rng.standard_normal()) if np.issubdtype(dtype, np.complexfloating) else float(rng.standard_normal())
-        return c * random_tree(rng, shape, dtype, depth - 1, names)
-    a = random_tree(rng, shape, dtype, depth - 1, names)
+        return c * random_tree(rng, shape, dtype, depth - 1, names, sizes)
+    a = random_tree(rng, shape, dtype, depth - 1, names, sizes)
     return a.H @ a

@@ -11,8 +11,9 @@ from .base import Leaf, Role, positive_int
 
 
 def along(w: jax.Array, x: jax.Array, axis: int) -> jax.Array:
-    """`w` shaped to broadcast against the axes of `x` from `axis` on."""
-    return w.reshape(w.shape + (1,) * (x.ndim - axis - w.ndim))
+    """`w` shaped to broadcast against the axes of `x` from `axis` on (and cast to the
+    dtype of complex `x` where `w` is real)."""
+    return w.reshape(w.shape + (1,) * (x.ndim - axis - w.ndim)).astype(x.dtype)
 
 
 class Diagonal(Leaf):

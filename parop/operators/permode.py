@@ -25,7 +25,7 @@ def _mix(w: jax.Array, x: jax.Array, axis: int, transpose: bool) -> jax.Array:
     inp, out = (o, i) if transpose else (i, o)
     x_sub = xs[:axis] + inp + xs[axis + 1 :]
     y_sub = xs[:axis] + out + xs[axis + 1 :]
-    return jnp.einsum(f"{o}{i}{ms},{x_sub}->{y_sub}", w, x)
+    return jnp.einsum(f"{o}{i}{ms},{x_sub}->{y_sub}", w.astype(x.dtype), x)
 
 
 class PerModeMatrix(Leaf):

@@ -1,0 +1,7 @@
+"""Distribution: layouts, the planner, the lowering to `shard_map`, and the operator
+users hold."""
+
+from .operator import DistributedOperator, distribute
+from .plan import Plan
+
+__all__ = ["DistributedOperator", "Plan", "distribute"]

@@ -1,0 +1,133 @@
+"""Layouts: which mesh axes split which tensor axis, and the checks on partitions and
+meshes that users give.
+
+A *layout* is a tuple with one entry per tensor axis: the mesh axes that split it,
+major first (`(("d0",), (), ("d2", "d1"))`); a mesh axis named nowhere holds the data
+replicated. It reads as a `PartitionSpec` (`spec_of`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+Layout = tuple[tuple[str, ...], ...]
+
+
+def spec_of(layout: Layout) -> PartitionSpec:
+    """The `PartitionSpec` of a layout."""
+    return PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in layout))
+
+
+def layout_of(spec: PartitionSpec, ndim: int, mesh: Mesh, where: str) -> Layout:
+    """The layout a `PartitionSpec` describes on `ndim` axes, checked against `mesh`."""
+    entries = tuple(spec)
+    if len(entries) > ndim:
+        raise ValueError(f"{where}: {spec} has {len(entries)} entries for an input of {ndim} axes")
+    layout = tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
+    layout += ((),) * (ndim - len(layout))
+    names = [n for axes in layout for n in axes]
+    unknown = [n for n in names if n not in mesh.shape]
+    if unknown:
+        raise ValueError(f"{where}: {spec} names {unknown}, not axes of the mesh {dict(mesh.shape)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{where}: {spec} uses a mesh axis twice")
+    return layout
+
+
+def split_sizes(layout: Layout, mesh_shape) -> tuple[int, ...]:
+    """How many pieces each tensor axis is cut into."""
+    return tuple(math.prod(mesh_shape[n] for n in axes) for axes in layout)
+
+
+def local_shape(shape: Sequence[int], layout: Layout, mesh_shape) -> tuple[int, ...]:
+    return tuple(n // p for n, p in zip(shape, split_sizes(layout, mesh_shape)))
+
+
+def check_partition(partition, where: str) -> tuple[int, ...]:
+    """`partition` as a tuple of positive ints, or a `ValueError` naming the entry."""
+    if not isinstance(partition, (tuple, list)):
+        raise ValueError(f"{where}: partition must be a tuple of positive ints or a PartitionSpec, got {partition!r}")
+    for i, p in enumerate(partition):
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
+            raise ValueError(f"{where}: partition entry {i} must be a positive int, got {p!r}")
+    return tuple(int(p) for p in partition)
+
+
+def mesh_name(axis: int) -> str:
+    """The name of the mesh axis that splits tensor axis `axis` in a default mesh."""
+    return f"d{axis}"
+
+
+def default_mesh(partition: tuple[int, ...], where: str) -> tuple[Mesh, Layout]:
+    """A mesh over the first `prod(partition)` devices, one mesh axis (`d{i}`) per split
+    tensor axis, and the input layout it gives."""
+    devices = jax.devices()
+    total = math.prod(partition)
+    if total > len(devices):
+        raise ValueError(
+            f"{where}: partition {partition} needs {total} devices, but {len(devices)} are available"
+        )
+    axes = [(mesh_name(i), p) for i, p in enumerate(partition) if p > 1] or [("d", 1)]
+    mesh = jax.make_mesh(
+        tuple(p for _, p in axes), tuple(n for n, _ in axes),
+        axis_types=(AxisType.Auto,) * len(axes), devices=devices[:total],
+    )
+    layout = tuple((mesh_name(i),) if p > 1 else () for i, p in enumerate(partition))
+    return mesh, layout
+
+
+def layout_on_mesh(counts: tuple[int, ...], mesh: Mesh, where: str) -> Layout:
+    """The layout that splits axis i in `counts[i]` pieces over a user's mesh: each
+    count > 1 takes the first unused mesh axis of that size."""
+    free = list(mesh.axis_names)
+    layout = []
+    for i, p in enumerate(counts):
+        if p == 1:
+            layout.append(())
+            continue
+        fits = [n for n in free if mesh.shape[n] == p]
+        if not fits:
+            raise ValueError(
+                f"{where}: partition entry {i} = {p} matches no unused axis of the mesh "
+                f"{dict(mesh.shape)}; give a PartitionSpec to combine mesh axes"
+            )
+        free.remove(fits[0])
+        layout.append((fits[0],))
+    return tuple(layout)
+
+
+def layout_for_counts(counts: tuple[int, ...], like: Layout, mesh: Mesh, where: str) -> Layout:
+    """The layout that splits axis i in `counts[i]` pieces, using the mesh axes of
+    `like` (preferring the one already on axis i). A `ValueError` where the counts do
+    not use exactly those mesh axes."""
+    pool = [axes for axes in like if axes]
+    layout = []
+    for i, p in enumerate(counts):
+        if p == 1:
+            layout.append(())
+            continue
+        fits = [a for a in pool if math.prod(mesh.shape[n] for n in a) == p]
+        if not fits:
+            raise ValueError(
+                f"{where}: out_partition {counts} does not match the input's splits "
+                f"{tuple(split_sizes(like, mesh.shape))}: parop moves splits between axes, "
+                "it neither gathers nor adds them"
+            )
+        pick = like[i] if like[i] in fits else fits[0]
+        pool.remove(pick)
+        layout.append(pick)
+    if pool:
+        raise ValueError(
+            f"{where}: out_partition {counts} replicates mesh axes {pool} that the input "
+            "splits: parop never gathers a split axis onto every device"
+        )
+    return tuple(layout)
+
+
+def sharding(mesh: Mesh, layout: Layout) -> NamedSharding:
+    return NamedSharding(mesh, spec_of(layout))

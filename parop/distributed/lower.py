@@ -1,0 +1,95 @@
+"""Lowering: a `Plan` becomes one `jax.shard_map` program inside one `jax.jit`.
+
+This is the only place that calls `shard_map` and collectives. Each parameter enters
+the program once per layout it is used in, with the `PartitionSpec` of the axes it
+runs along (replicated where the operator needs it whole), so JAX places it once and
+sums the gradient of a replicated weight over the devices.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from .layout import Layout, spec_of
+from .plan import Action, AllToAll, Branch, Local, Plan, Split, _walk
+
+
+def weight_specs(plan: Plan) -> list[tuple[str, PartitionSpec]]:
+    """`(name, spec)` for each parameter input of the program, in order: the layout of
+    the axes each weight runs along where its leaf runs."""
+    seen: list[tuple[str, PartitionSpec]] = []
+    for action in _walk(plan.actions):
+        if isinstance(action, Local) and action.step.leaf is not None and action.step.leaf.param_shape:
+            key = (action.step.leaf.name, _spec(action, action.step.leaf))
+            if key not in seen:
+                seen.append(key)
+    return seen
+
+
+def _run(actions: tuple[Action, ...], x: jax.Array, weights: dict, mesh: Mesh) -> jax.Array:
+    for action in actions:
+        if isinstance(action, AllToAll):
+            name = action.axes if len(action.axes) > 1 else action.axes[0]
+            x = lax.all_to_all(x, name, split_axis=action.dst, concat_axis=action.src, tiled=True)
+        elif isinstance(action, Split):
+            size = x.shape[action.dst] // mesh.shape[action.axis]
+            start = lax.axis_index(action.axis) * size
+            x = lax.dynamic_slice_in_dim(x, start, size, axis=action.dst)
+        elif isinstance(action, Branch):
+            terms = [_run(term, x, weights, mesh) for term in action.terms]
+            x = terms[0]
+            for t in terms[1:]:
+                x = x + t
+        else:
+            step = action.step
+            if step.leaf is None:
+                x = step.c * x
+                continue
+            leaf = step.leaf
+            w = weights.get((leaf.name, _spec(action, leaf))) if leaf.param_shape else None
+            x = leaf._forward(w, x, step.axes[0])
+            if action.psum:
+                x = lax.psum(x, action.psum)
+    return x
+
+
+def _spec(action: Local, leaf) -> PartitionSpec:
+    """The spec of `leaf`'s weight where `action` runs it: each weight axis split as the
+    tensor axis it runs along, replicated where the leaf needs it whole."""
+    first = action.step.axes[0]
+    return spec_of(tuple(() if a is None else action.layout[first + a] for a in leaf.param_axes))
+
+
+def _placer(mesh: Mesh) -> Callable:
+    """How to pin an array to a sharding inside `jit` on this mesh."""
+    if all(t == AxisType.Explicit for t in mesh.axis_types):
+        return jax.sharding.reshard
+    return lax.with_sharding_constraint
+
+
+def lower(plan: Plan, mesh: Mesh) -> tuple[Callable, list[tuple[str, PartitionSpec]]]:
+    """The jitted program `f(x, *weights) -> y` for `plan`, and the `(name, spec)` of the
+    weights it takes."""
+    specs = weight_specs(plan)
+    in_spec, out_spec = spec_of(plan.in_layout), spec_of(plan.out_layout)
+    place = _placer(mesh)
+
+    def body(x, *ws):
+        return _run(plan.actions, x, dict(zip(specs, ws)), mesh)
+
+    program = jax.shard_map(
+        body, mesh=mesh, in_specs=(in_spec, *(s for _, s in specs)), out_specs=out_spec
+    )
+
+    @jax.jit
+    def run(x, *ws):
+        x = place(x, NamedSharding(mesh, in_spec))
+        ws = [place(w, NamedSharding(mesh, s)) for w, (_, s) in zip(ws, specs)]
+        return program(x, *ws)
+
+    return run, specs

@@ -1,0 +1,266 @@
+"""`po.distribute` and the `DistributedOperator` it returns."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ..operator import Operator, Params, _as_input_dtype, _as_tensor
+from ..params import check_params, init
+from .layout import (
+    Layout, check_partition, default_mesh, layout_for_counts, layout_of, layout_on_mesh, sharding,
+    split_sizes,
+)
+from .lower import lower
+from .plan import Plan, make_plan
+
+OutPartition = None | Literal["auto"] | tuple | PartitionSpec
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _nearest_multiples(n: int, p: int) -> str:
+    lower = n - n % p
+    return f"{lower} or {lower + p}" if lower else f"{p}"
+
+
+class DistributedOperator(Operator):
+    """An operator run as one `shard_map` program over a device mesh: the same linear
+    map as `op` on global arrays. Made by `po.distribute`.
+
+    ```python
+    >>> D = po.distribute(po.kron(po.DFT(64), po.DFT(64), po.DFT(64)), partition=(2, 2, 2))
+    >>> y = D @ x                  # x: (64, 64, 64) complex64, any sharding or host data
+    >>> print(D.plan)              # the all_to_all steps, local FFTs and bytes moved
+    ```
+    """
+
+    def __init__(self, op: Operator, mesh: Mesh, in_layout: Layout | None, out: str | Layout | None,
+                 where: str, adjoint_of: "DistributedOperator | None" = None):
+        for name in ("domain_shape", "range_shape", "dtype", "range_dtype"):
+            object.__setattr__(self, name, getattr(op, name))
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "mesh", mesh)
+        object.__setattr__(self, "_in", in_layout)
+        object.__setattr__(self, "_out", out)
+        object.__setattr__(self, "_where", where)
+        object.__setattr__(self, "_adjoint_of", adjoint_of)
+        object.__setattr__(self, "_plans", {})
+        object.__setattr__(self, "_programs", {})
+
+    # -- the operator interface ----------------------------------------------------------
+    def out_dtype(self, dtype):
+        return self.op.out_dtype(dtype)
+
+    def children(self):
+        return (self.op,)
+
+    def _apply(self, θ, x, axis):
+        raise TypeError(
+            f"{self!r} is distributed: combine operators before distributing them, "
+            "po.distribute(A @ B, ...), not po.distribute(A, ...) @ B"
+        )
+
+    def _adjoint(self) -> "DistributedOperator":
+        return DistributedOperator(self.op.H, self.mesh, None, None, f"{self._where}.H", adjoint_of=self)
+
+    def describe(self) -> str:
+        from ..display import short
+
+        return f"distribute({short(self.op)}, {self.in_sharding.spec})"
+
+    # -- layouts and plans ---------------------------------------------------------------
+    @property
+    def n_batch(self) -> int:
+        """The number of trailing batch axes the partition names."""
+        source = self if self._adjoint_of is None else self._adjoint_of
+        return len(source._in) - source.op.ndim
+
+    def plan_for(self, batch_shape: tuple[int, ...] = ()) -> Plan:
+        """The plan for inputs with these trailing batch axes (planned once, cached)."""
+        batch_shape = tuple(batch_shape)
+        if batch_shape not in self._plans:
+            self._plans[batch_shape] = self._make_plan(batch_shape)
+        return self._plans[batch_shape]
+
+    def _make_plan(self, batch_shape) -> Plan:
+        shape = self.domain_shape + batch_shape
+        if len(batch_shape) != self.n_batch:
+            raise ValueError(
+                f"{self._where}: the partition names {self.n_batch} batch axes, but the input "
+                f"of shape {shape} has {len(batch_shape)}"
+            )
+        if self._adjoint_of is not None:
+            forward = self._adjoint_of.plan_for(batch_shape)
+            in_layout, target = forward.out_layout, forward.in_layout
+            accept = lambda layout: layout == target
+        else:
+            in_layout = self._in
+            accept = self._acceptor(in_layout, shape)
+        for axis, (n, p) in enumerate(zip(shape, split_sizes(in_layout, self.mesh.shape))):
+            if n % p:
+                raise ValueError(
+                    f"{self._where}: input axis {axis} of size {n} cannot be split in {p}: use a "
+                    f"size divisible by {p} ({_nearest_multiples(n, p)}), or split it in one of "
+                    f"{_divisors(n)}"
+                )
+        return make_plan(self.op, shape, in_layout, self.mesh.shape, accept, self._where)
+
+    def _acceptor(self, in_layout: Layout, shape):
+        out = self._out
+        if out == "auto":
+            return lambda layout: True
+        if out is not None:
+            return lambda layout: layout == out
+        out_shape = self.range_shape + shape[self.op.ndim:]
+        kept = [axes if n % math.prod(self.mesh.shape[m] for m in axes) == 0 else None
+                for axes, n in zip(in_layout, out_shape)]
+        reduced = {m for axes, n, k in zip(in_layout, out_shape, kept) if k is None and n == 1 for m in axes}
+        replicated = set(self.mesh.axis_names) - {m for axes in in_layout for m in axes}
+
+        def accept(layout):
+            used = {m for axes in layout for m in axes}
+            return (all(k is None or k == axes for k, axes in zip(kept, layout))
+                    and not used & (reduced | replicated))
+
+        return accept
+
+    def _default_batch(self) -> tuple[int, ...]:
+        """The batch shape whose plan `D.plan` and `po.init(D)` use: the only one without
+        batch axes, else the last one planned (or, before any call, sizes every split
+        divides)."""
+        if self.n_batch == 0:
+            return ()
+        if self._plans:
+            return next(reversed(self._plans))
+        source = self if self._adjoint_of is None else self._adjoint_of
+        total = math.prod(self.mesh.shape.values())
+        return tuple(p * total for p in split_sizes(source._in, self.mesh.shape)[source.op.ndim:])
+
+    @property
+    def plan(self) -> Plan:
+        """The plan (for the last batch shape used, where the partition has batch axes)."""
+        return self.plan_for(self._default_batch())
+
+    @property
+    def in_sharding(self) -> NamedSharding:
+        return sharding(self.mesh, self.plan.in_layout)
+
+    @property
+    def out_sharding(self) -> NamedSharding:
+        return sharding(self.mesh, self.plan.out_layout)
+
+    def param_shardings(self) -> dict[str, NamedSharding]:
+        """Where `po.init(D, key)` puts each weight: split as the axes it runs along
+        (where it is first used), replicated where its operator needs it whole."""
+        _, specs = self._program(self._default_batch())
+        out: dict[str, NamedSharding] = {}
+        for name, spec in specs:
+            out.setdefault(name, NamedSharding(self.mesh, spec))
+        for name in self.parameters:
+            out.setdefault(name, NamedSharding(self.mesh, PartitionSpec()))
+        return out
+
+    def _program(self, batch_shape):
+        if batch_shape not in self._programs:
+            self._programs[batch_shape] = lower(self.plan_for(batch_shape), self.mesh)
+        return self._programs[batch_shape]
+
+    # -- application ---------------------------------------------------------------------
+    def apply(self, θ: Params | None, x) -> jax.Array:
+        x, unflatten = _as_tensor(self, x)
+        x = _as_input_dtype(self, x)
+        θ = {} if θ is None else θ
+        check_params(self, θ)
+        run, specs = self._program(tuple(x.shape[self.ndim:]))
+        return unflatten(run(x, *(θ[name] for name, _ in specs)))
+
+
+@init.register
+def _(op: DistributedOperator, key: jax.Array) -> dict[str, jax.Array]:
+    values = init(op.op, key)
+    shardings = op.param_shardings()
+    out = {}
+    for name, value in values.items():
+        host = np.asarray(value)
+        out[name] = jax.make_array_from_callback(host.shape, shardings[name], lambda index: host[index])
+    return out
+
+
+def distribute(
+    op: Operator,
+    partition: tuple[int, ...] | PartitionSpec,
+    *,
+    out_partition: OutPartition = None,
+    mesh: Mesh | None = None,
+) -> DistributedOperator:
+    """`op` as one `shard_map` program over a device mesh: the same linear map.
+
+    - `partition`: one positive int per input axis (domain axes, then any trailing batch
+      axes): how many pieces each is split in, on a mesh over the first
+      `prod(partition)` devices with one mesh axis `d{i}` per split axis. Or a
+      `PartitionSpec` with `mesh=` (Auto or Explicit axes), used as given.
+    - `out_partition`: `None` (the input's layout wherever the output sizes allow; a
+      `Reduce`d axis comes back replicated), a tuple or `PartitionSpec`, or `"auto"`
+      (the cheapest layout; `D.out_sharding` says which).
+
+    The planner makes axes an operator needs whole local by `all_to_all` moves, keeps
+    `Identity`/`Diagonal` axes split, and turns a `Reduce` over a split axis into a
+    `psum`; `print(D.plan)` shows the program.
+
+    ```python
+    >>> F = po.kron(po.DFT(30), po.DFT(20), po.DFT(10, dtype=jnp.float32))
+    >>> D = po.distribute(F, partition=(2, 1, 1))
+    >>> y = D @ x                 # == np.fft.rfftn(x), sharded as D.out_sharding
+    ```
+    """
+    if not isinstance(op, Operator) or isinstance(op, DistributedOperator):
+        raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
+    where = f"distribute({op!r})"
+    if isinstance(partition, PartitionSpec):
+        if mesh is None:
+            raise ValueError(f"{where}: a PartitionSpec partition needs mesh=")
+        in_layout = layout_of(partition, max(len(partition), op.ndim), mesh, where)
+    else:
+        partition = check_partition(partition, where)
+        if len(partition) < op.ndim:
+            _wrong_length(where, op, partition)
+        if mesh is None:
+            mesh, in_layout = default_mesh(partition, where)
+        else:
+            in_layout = layout_on_mesh(partition, mesh, where)
+    for axis, (n, p) in enumerate(zip(op.domain_shape, split_sizes(in_layout, mesh.shape))):
+        if n % p:
+            raise ValueError(
+                f"{where}: axis {axis} of size {n} cannot be split in {p}: use a size divisible "
+                f"by {p} ({_nearest_multiples(n, p)}), or split it in one of {_divisors(n)}"
+            )
+    out: str | Layout | None
+    if out_partition is None or out_partition == "auto":
+        out = out_partition
+    elif isinstance(out_partition, PartitionSpec):
+        out = layout_of(out_partition, len(in_layout), mesh, where)
+    else:
+        counts = check_partition(out_partition, where)
+        if len(counts) != len(in_layout):
+            raise ValueError(
+                f"{where}: out_partition has {len(counts)} entries, the output has {len(in_layout)} axes"
+            )
+        out = layout_for_counts(counts, in_layout, mesh, where)
+    D = DistributedOperator(op, mesh, in_layout, out, where)
+    if D.n_batch == 0:
+        D.plan_for(())  # plan now, so that bad input fails here and not at the first call
+    return D
+
+
+def _wrong_length(where, op, partition):
+    raise ValueError(
+        f"{where}: partition {tuple(partition)} has {len(partition)} entries, but the operator's "
+        f"input has {op.ndim} axes (domain {op.domain_shape}), plus any trailing batch axes"
+    )

@@ -1,0 +1,435 @@
+"""The planner: in which order the operator's leaves run, and which tensor axes carry
+which mesh axes at each step, so that the fewest bytes move between devices.
+
+An operator becomes a `Program`: its leaves in serial order (`Step`s), with the
+dependencies that bind their order (two steps on a common axis keep their order; a
+complex step never crosses a step that turns real data complex or back). The planner
+then searches, with Dijkstra's algorithm, the states (steps done, layout) for the
+cheapest route from the input layout to a wanted output layout. Moves are:
+
+- run a step whose axes are as it needs them (a `LOCAL` axis unsplit); a `Reduce`
+  over a split axis sums locally and `psum`s, leaving its mesh axes replicated;
+- `all_to_all`: move the minor-most mesh axes of one tensor axis to another one
+  (one collective, whatever the number of mesh axes it moves);
+- split a replicated tensor axis over a free mesh axis (a local slice, no traffic).
+
+The cost of a route is (bytes each device sends, number of collectives). A sum of
+operators is planned term by term from a common entry layout to the common exit
+layout that costs least in total. The planner knows nothing of JAX arrays: it reads
+shapes, dtypes and mesh axis sizes, and returns a `Plan` that `lower.py` runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Union
+
+import numpy as np
+
+from .. import _dtypes
+from .._dtypes import Flow
+from ..algebra import Compose, Kron, Scale, Sum
+from ..operator import Operator
+from ..operators import Identity, Leaf, Role
+from .layout import Layout, spec_of
+
+FREE, COMPLEX, BARRIER = "free", "complex", "barrier"
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One unit of the serial program: a leaf on its axes, a scalar, or a sum of
+    sub-programs (`terms`) on `axes`."""
+
+    axes: tuple[int, ...]
+    out_sizes: tuple[int, ...]
+    flow: str
+    out_dtype: np.dtype
+    leaf: Leaf | None = None
+    c: complex | float | None = None
+    terms: tuple["Program", ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    steps: tuple[Step, ...]
+    preds: tuple[int, ...]  # bit mask of the steps each step must follow
+    dtype: np.dtype
+
+
+def _flow(flow: Flow) -> str:
+    if flow in (Flow.R2C, Flow.C2R):
+        return BARRIER
+    return COMPLEX if flow is Flow.COMPLEX else FREE
+
+
+def _steps(op: Operator, axis: int, dtype: np.dtype) -> tuple[list[Step], np.dtype]:
+    """`op`'s leaves on tensor axes from `axis` on, in serial order, for `dtype` input."""
+    if isinstance(op, Identity):
+        return [], dtype
+    if isinstance(op, Leaf):
+        out = op.out_dtype(dtype)
+        axes = tuple(range(axis, axis + op.ndim))
+        return [Step(axes, op.range_shape, _flow(op.flow), out, leaf=op)], out
+    if isinstance(op, Kron):
+        order, _ = op.schedule(dtype)
+        steps = []
+        for i in order:
+            more, dtype = _steps(op.factors[i], axis + op.offsets[i], dtype)
+            steps += more
+        return steps, dtype
+    if isinstance(op, Compose):
+        steps = []
+        for inner in reversed(op.ops):
+            more, dtype = _steps(inner, axis, dtype)
+            steps += more
+        return steps, dtype
+    if isinstance(op, Scale):
+        steps, out = _steps(op.op, axis, dtype)
+        flow = COMPLEX if isinstance(op.c, complex) else FREE
+        return steps + [Step((), (), flow, out, c=op.c)], out
+    if isinstance(op, Sum):
+        terms = tuple(program(t, dtype, axis) for t in op.terms)
+        flows = {s.flow for t in terms for s in t.steps}
+        flow = BARRIER if BARRIER in flows else COMPLEX if COMPLEX in flows else FREE
+        out = op.out_dtype(dtype)
+        return [Step(tuple(range(axis, axis + op.ndim)), op.range_shape, flow, out, terms=terms)], out
+    raise TypeError(f"cannot distribute {op!r}: build it from parop's leaves and combinators")
+
+
+def program(op: Operator, dtype, axis: int = 0) -> Program:
+    """`op` as a `Program` for input of `dtype`."""
+    dtype = _dtypes.canonical(dtype)
+    steps, _ = _steps(op, axis, dtype)
+    preds = []
+    for j, b in enumerate(steps):
+        mask = 0
+        for i, a in enumerate(steps[:j]):
+            overlap = bool(set(a.axes) & set(b.axes))
+            ordered = FREE not in (a.flow, b.flow) and BARRIER in (a.flow, b.flow)
+            if overlap or ordered:
+                mask |= 1 << i
+        preds.append(mask)
+    return Program(tuple(steps), tuple(preds), dtype)
+
+
+# -- the actions of a plan -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Local:
+    """Run `step` on each device's block; `psum` over mesh axes for a `Reduce` over a
+    split axis."""
+
+    step: Step
+    layout: Layout  # before the step
+    psum: tuple[str, ...] = ()
+    bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class AllToAll:
+    """Move mesh axes `axes` (the minor end of tensor axis `src`) onto axis `dst`."""
+
+    axes: tuple[str, ...]
+    src: int
+    dst: int
+    bytes: float
+    layout: Layout  # after the move
+
+
+@dataclass(frozen=True)
+class Split:
+    """Cut replicated tensor axis `dst` over the free mesh axis `axis` (no traffic)."""
+
+    axis: str
+    dst: int
+    layout: Layout  # after
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A sum: each term's actions from the same layout, then the sum on each device."""
+
+    step: Step
+    terms: tuple[tuple["Action", ...], ...]
+    layout: Layout  # after
+
+
+Action = Union[Local, AllToAll, Split, Branch]
+Cost = tuple[float, int]  # (bytes sent per device, collectives)
+
+
+@dataclass(frozen=True)
+class Route:
+    cost: Cost
+    actions: tuple[Action, ...]
+
+
+class Planner:
+    """Searches routes through one operator's programs on one mesh (memoised)."""
+
+    def __init__(self, mesh_shape: Mapping[str, int]):
+        self.mesh_shape = dict(mesh_shape)
+        self._memo: dict = {}
+
+    def _splits(self, axes) -> int:
+        return math.prod(self.mesh_shape[n] for n in axes)
+
+    def explore(self, prog: Program, shape: tuple[int, ...], entry: Layout) -> dict[Layout, Route]:
+        """The cheapest route to every layout in which all of `prog` can have run,
+        starting from `entry` with tensor `shape`."""
+        key = (id(prog), shape, entry)
+        if key not in self._memo:
+            self._memo[key] = self._explore(prog, shape, entry)
+        return self._memo[key]
+
+    def _explore(self, prog, shape, entry):
+        n = len(prog.steps)
+        full = (1 << n) - 1
+        sizes_of = _memoise(lambda done: _sizes(prog, shape, done))
+        itemsize_of = _memoise(lambda done: _itemsize(prog, done))
+        start = (0, entry)
+        best: dict = {start: (0.0, 0)}
+        back: dict = {}
+        heap = [(0.0, 0, 0, 0, entry)]
+        counter = itertools.count(1)
+        finals: dict[Layout, Cost] = {}
+        while heap:
+            b, c, _, done, layout = heapq.heappop(heap)
+            if best[(done, layout)] < (b, c):
+                continue
+            if done == full and layout not in finals:
+                finals[layout] = (b, c)
+            for action, ndone, nlayout, db, dc in self._moves(prog, shape, done, layout, sizes_of, itemsize_of):
+                cost = (b + db, c + dc)
+                state = (ndone, nlayout)
+                if cost < best.get(state, (math.inf, 0)):
+                    best[state] = cost
+                    back[state] = ((done, layout), action)
+                    heapq.heappush(heap, (cost[0], cost[1], next(counter), ndone, nlayout))
+        routes = {}
+        for layout, cost in finals.items():
+            actions, state = [], (full, layout)
+            while state != start:
+                state, action = back[state]
+                actions.append(action)
+            routes[layout] = Route(cost, tuple(reversed(actions)))
+        return routes
+
+    def _moves(self, prog, shape, done, layout, sizes_of, itemsize_of):
+        sizes, itemsize = sizes_of(done), itemsize_of(done)
+        local = math.prod(sizes) / self._splits(n for axes in layout for n in axes)
+        for j, step in enumerate(prog.steps):
+            bit = 1 << j
+            if done & bit or prog.preds[j] & ~done:
+                continue
+            if step.terms:
+                yield from self._branch(step, sizes, layout, done | bit)
+                continue
+            roles = step.leaf.roles if step.leaf is not None else ()
+            if any(r is Role.LOCAL and layout[a] for a, r in zip(step.axes, roles)):
+                continue
+            psum = tuple(n for a, r in zip(step.axes, roles) if r is Role.REDUCE for n in layout[a])
+            nlayout = tuple(() if a in step.axes and roles[step.axes.index(a)] is Role.REDUCE else axes
+                            for a, axes in enumerate(layout))
+            if psum:
+                g = self._splits(psum)
+                reduced = local * g / sizes[step.axes[0]]  # the block after its local sum
+                nbytes = 2 * reduced * itemsize * (g - 1) / g
+                yield Local(step, layout, psum, nbytes), done | bit, nlayout, nbytes, 1
+            else:
+                yield Local(step, layout), done | bit, nlayout, 0.0, 0
+        for src, axes in enumerate(layout):
+            for k in range(1, len(axes) + 1):
+                moved = axes[-k:]
+                g = self._splits(moved)
+                for dst in range(len(layout)):
+                    if dst == src or sizes[dst] % (self._splits(layout[dst]) * g):
+                        continue
+                    nlayout = tuple(
+                        axes[:-k] if a == src else layout[a] + moved if a == dst else layout[a]
+                        for a in range(len(layout))
+                    )
+                    nbytes = local * itemsize * (g - 1) / g
+                    yield AllToAll(moved, src, dst, nbytes, nlayout), done, nlayout, nbytes, 1
+        used = {n for axes in layout for n in axes}
+        for name, size in self.mesh_shape.items():
+            if name in used or size == 1:
+                continue
+            for dst in range(len(layout)):
+                if sizes[dst] % (self._splits(layout[dst]) * size) == 0:
+                    nlayout = tuple(layout[a] + (name,) if a == dst else layout[a] for a in range(len(layout)))
+                    yield Split(name, dst, nlayout), done, nlayout, 0.0, 0
+
+    def _branch(self, step, sizes, layout, ndone):
+        routes = [self.explore(t, sizes, layout) for t in step.terms]
+        for exit_ in set(routes[0]).intersection(*routes[1:]):
+            parts = [r[exit_] for r in routes]
+            nbytes = sum(p.cost[0] for p in parts)
+            count = sum(p.cost[1] for p in parts)
+            yield Branch(step, tuple(p.actions for p in parts), exit_), ndone, exit_, nbytes, count
+
+
+def _memoise(f: Callable):
+    cache: dict = {}
+
+    def g(key):
+        if key not in cache:
+            cache[key] = f(key)
+        return cache[key]
+
+    return g
+
+
+def _sizes(prog: Program, shape: tuple[int, ...], done: int) -> tuple[int, ...]:
+    sizes = list(shape)
+    for j, step in enumerate(prog.steps):
+        if done >> j & 1:
+            for a, n in zip(step.axes, step.out_sizes):
+                sizes[a] = n
+    return tuple(sizes)
+
+
+def _itemsize(prog: Program, done: int) -> int:
+    dtype = prog.dtype
+    for j, step in enumerate(prog.steps):
+        if done >> j & 1 and step.flow == BARRIER:
+            dtype = step.out_dtype
+    return np.dtype(dtype).itemsize
+
+
+# -- the plan users see ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """A distributed program: the actions from `in_layout` to `out_layout`, each with
+    the mesh axes it moves and the bytes each device sends. `print(plan)` shows it."""
+
+    operator: Operator
+    mesh_shape: Mapping[str, int]
+    shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    in_layout: Layout
+    out_layout: Layout
+    route: Route
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        return self.route.actions
+
+    @property
+    def bytes(self) -> float:
+        """Bytes each device sends in one application."""
+        return self.route.cost[0]
+
+    def collectives(self) -> dict[str, int]:
+        """How many of each collective the program runs."""
+        counts = {"all_to_all": 0, "psum": 0}
+        for action in _walk(self.actions):
+            if isinstance(action, AllToAll):
+                counts["all_to_all"] += 1
+            elif isinstance(action, Local) and action.psum:
+                counts["psum"] += 1
+        return counts
+
+    def lines(self) -> list[str]:
+        from ..display import short
+
+        mesh = ", ".join(f"{k}: {v}" for k, v in self.mesh_shape.items())
+        out = [
+            f"plan for {short(self.operator)} on mesh ({mesh})",
+            f"  in   {self.shape} {spec_of(self.in_layout)}",
+        ]
+        out += _action_lines(self.actions, "  ")
+        out.append(f"  out  {self.out_shape} {spec_of(self.out_layout)}")
+        counts = self.collectives()
+        out.append(
+            f"  total: {counts['all_to_all']} all_to_all, {counts['psum']} psum, "
+            f"{_fmt_bytes(self.bytes)} sent per device"
+        )
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return "<pre>" + html.escape(str(self)) + "</pre>"
+
+
+def _walk(actions):
+    for action in actions:
+        yield action
+        if isinstance(action, Branch):
+            for term in action.terms:
+                yield from _walk(term)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _action_lines(actions, indent: str) -> list[str]:
+    from ..display import short
+
+    lines = []
+    for action in actions:
+        if isinstance(action, AllToAll):
+            lines.append(
+                f"{indent}all_to_all {'+'.join(action.axes)}: axis {action.src} -> axis {action.dst}"
+                f"   {_fmt_bytes(action.bytes)}/device   -> {spec_of(action.layout)}"
+            )
+        elif isinstance(action, Split):
+            lines.append(f"{indent}split axis {action.dst} over {action.axis} (local slice)   -> {spec_of(action.layout)}")
+        elif isinstance(action, Local):
+            step = action.step
+            what = short(step.leaf) if step.leaf is not None else f"scale by {step.c:g}"
+            where = f" on axis {step.axes[0]}" if len(step.axes) == 1 else f" on axes {step.axes}" if step.axes else ""
+            lines.append(f"{indent}{what}{where}")
+            if action.psum:
+                lines.append(f"{indent}psum {'+'.join(action.psum)}   {_fmt_bytes(action.bytes)}/device")
+        else:
+            lines.append(f"{indent}sum of {len(action.terms)} terms:")
+            for k, term in enumerate(action.terms):
+                lines.append(f"{indent}  term {k + 1}:")
+                lines += _action_lines(term, indent + "    ")
+            lines.append(f"{indent}  add   -> {spec_of(action.layout)}")
+    return lines
+
+
+def make_plan(op: Operator, shape, in_layout: Layout, mesh_shape, accept: Callable[[Layout], bool],
+              where: str) -> Plan:
+    """The cheapest plan for `op` on a tensor of `shape` (domain + batch) laid out as
+    `in_layout`, ending in a layout `accept` takes; a `ValueError` if there is none."""
+    planner = Planner(mesh_shape)
+    prog = program(op, op.dtype)
+    routes = planner.explore(prog, tuple(shape), in_layout)
+    fits = [(r.cost, layout != in_layout, layout) for layout, r in routes.items() if accept(layout)]
+    if not fits:
+        needs = sorted({f"axis {s.axes[0]}" for s in _all_steps(prog) if s.leaf is not None
+                        and Role.LOCAL in s.leaf.roles})
+        raise ValueError(
+            f"{where}: no plan exists for input shape {tuple(shape)} split as "
+            f"{spec_of(in_layout)} on mesh {dict(mesh_shape)}"
+            + (f": {', '.join(needs)} must be whole for an operator, so its split must move to "
+               "another axis whose size it divides" if needs else "")
+            + " (and the wanted output layout must be reachable without gathering)"
+        )
+    _, _, out_layout = min(fits, key=lambda f: (f[0], f[1], str(f[2])))
+    out_shape = tuple(op.range_shape) + tuple(shape[op.ndim:])
+    return Plan(op, dict(mesh_shape), tuple(shape), out_shape, in_layout, out_layout, routes[out_layout])
+
+
+def _all_steps(prog: Program):
+    for s in prog.steps:
+        yield s
+        for t in s.terms:
+            yield from _all_steps(t)

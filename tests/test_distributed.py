@@ -1,0 +1,249 @@
+"""`po.distribute`: the same linear map as the serial operator, with the fewest
+collectives, on 1, 2, 4 and 8 forced CPU devices."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, PartitionSpec as P
+
+import parop as po
+from reference import random_array, random_params, random_tree
+
+
+def hlo(D, x, *θ):
+    run, specs = D._program(tuple(x.shape[D.ndim:]))
+    return run.lower(x, *θ).compile().as_text()
+
+
+def collectives(text: str) -> dict[str, int]:
+    return {name: text.count(f"{name}(") for name in ("all-to-all", "all-gather", "all-reduce", "collective-permute")}
+
+
+def complex_cube(n=16, dtype=np.complex64):
+    return random_array(np.random.default_rng(0), (n, n, n), dtype)
+
+
+# -- the planner's figures (issue table), counted in the compiled HLO -------------------
+
+@pytest.mark.parametrize("partition, same, auto", [
+    ((1, 1, 8), 2, 1), ((8, 1, 1), 2, 1), ((2, 2, 1), 4, 2), ((1, 2, 2), 4, 2), ((2, 2, 2), 6, 3),
+])
+def test_3d_fft_all_to_all_counts(partition, same, auto):
+    F = po.kron(po.DFT(16), po.DFT(16), po.DFT(16))
+    x = jnp.asarray(complex_cube())
+    for out, want in ((None, same), ("auto", auto)):
+        D = po.distribute(F, partition, out_partition=out)
+        counts = collectives(hlo(D, x))
+        assert counts == {"all-to-all": want, "all-gather": 0, "all-reduce": 0, "collective-permute": 0}
+        assert D.plan.collectives()["all_to_all"] == want
+        y = D @ x
+        assert y.sharding.is_equivalent_to(D.out_sharding, y.ndim)
+        np.testing.assert_allclose(np.asarray(y), np.fft.fftn(np.asarray(x)), atol=2e-3)
+    assert D.out_sharding.spec != D.in_sharding.spec or partition == (1, 1, 1)
+
+
+def test_batch_channel_xy_fft_auto_takes_two():
+    F = po.kron(po.Identity(8, "complex64"), po.Identity(4, "complex64"), po.DFT(16), po.DFT(16))
+    x = jnp.asarray(random_array(np.random.default_rng(0), (8, 4, 16, 16), np.complex64))
+    D = po.distribute(F, (1, 1, 2, 4), out_partition="auto")
+    assert collectives(hlo(D, x))["all-to-all"] == 2
+    np.testing.assert_allclose(np.asarray(D @ x), np.fft.fft2(np.asarray(x)), atol=1e-3)
+
+
+# -- the seed examples ---------------------------------------------------------------------
+
+def test_seed_a_real_3d_dft():
+    F = po.kron(po.DFT(30, jnp.complex64), po.DFT(20, jnp.complex64), po.DFT(10, jnp.float32))
+    x = random_array(np.random.default_rng(0), (30, 20, 10), np.float32)
+    D = po.distribute(F, partition=(2, 1, 1))
+    y = D @ x
+    assert y.dtype == jnp.complex64 and y.shape == (30, 20, 6) and y.sharding.is_equivalent_to(D.out_sharding, 3)
+    np.testing.assert_allclose(np.asarray(y), np.fft.rfftn(x), atol=2e-3)
+    np.testing.assert_allclose(np.asarray(D.H @ y), np.asarray(F.H @ y), rtol=1e-4, atol=1e-2)
+    assert "all_to_all d0" in str(D.plan) and "total: 2 all_to_all" in str(D.plan)
+
+
+def test_seed_b_channel_mixing_and_gradient():
+    S = po.kron(po.Matrix(50, 50, name="mix"), po.Identity(30), po.Identity(10))
+    D = po.distribute(S, partition=(1, 2, 2))
+    θ, θs = po.init(D, jax.random.key(0)), po.init(S, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(θ["mix"]), np.asarray(θs["mix"]))
+    x = jnp.asarray(random_array(np.random.default_rng(0), (50, 30, 10), np.float32))
+    np.testing.assert_allclose(np.asarray(D(θ) @ x), np.asarray(S(θs) @ x), rtol=1e-5, atol=1e-5)
+    grad = jax.jit(jax.grad(lambda θ, x: jnp.sum(D(θ) @ x), argnums=(0, 1)))
+    serial = jax.grad(lambda θ, x: jnp.sum(S(θ) @ x), argnums=(0, 1))(θs, x)
+    for g, s in zip(jax.tree.leaves(grad(θ, x)), jax.tree.leaves(serial)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(s), rtol=1e-4, atol=1e-4)
+    counts = collectives(grad.lower(θ, x).compile().as_text())
+    assert counts["all-to-all"] == 0 and counts["all-gather"] == 0 and counts["all-reduce"] == 1
+
+
+def test_seed_c_weight_sharing_over_a_batch_axis():
+    M = po.Matrix(20, 20, name="w")
+    D = po.distribute(M, partition=(1, 4))
+    θ = po.init(D, jax.random.key(0))
+    x = jnp.asarray(random_array(np.random.default_rng(0), (20, 100), np.float32))
+    np.testing.assert_allclose(np.asarray(D(θ) @ x), np.asarray(M(θ) @ x), rtol=1e-5, atol=1e-5)
+    loss = lambda op: (lambda θ: jnp.sum((op(θ) @ x) ** 2))
+    np.testing.assert_allclose(np.asarray(jax.grad(loss(D))(θ)["w"]), np.asarray(jax.grad(loss(M))(θ)["w"]), rtol=1e-4)
+    assert D.plan.collectives() == {"all_to_all": 0, "psum": 0}
+    assert θ["w"].sharding.is_fully_replicated
+
+
+def test_seed_d_reduce_is_an_all_reduce():
+    R = po.kron(po.Reduce(8), po.Identity(100))
+    D = po.distribute(R, partition=(8, 1))
+    x = jnp.asarray(random_array(np.random.default_rng(0), (8, 100), np.float32))
+    y = D @ x
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x).sum(0, keepdims=True), rtol=1e-5)
+    assert D.out_sharding.spec == P(None, None)  # the reduced axis comes back replicated
+    assert collectives(hlo(D, x)) == {"all-to-all": 0, "all-gather": 0, "all-reduce": 1, "collective-permute": 0}
+    back = D.H @ y
+    np.testing.assert_allclose(np.asarray(back), np.broadcast_to(np.asarray(y), (8, 100)))
+    assert back.sharding.is_equivalent_to(D.in_sharding, 2)
+    np.testing.assert_array_equal(np.asarray(jax.grad(lambda x: jnp.sum(D @ x))(x)), np.ones((8, 100)))
+
+
+# -- the invariant on random operators and partitions ---------------------------------------
+
+def random_partition(rng, shape, devices):
+    """Split `devices` (a power of 2) over the axes of `shape` in factors of 2."""
+    counts = [1] * len(shape)
+    for _ in range(int(math.log2(devices))):
+        fits = [i for i, n in enumerate(shape) if n % (counts[i] * 2) == 0]
+        counts[int(rng.choice(fits))] *= 2
+    return tuple(counts)
+
+
+def close(a, b, scale=1.0):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-9 * max(1.0, scale), rtol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_operator_equals_serial(seed):
+    rng = np.random.default_rng(100 + seed)
+    dtype = ["float64", "complex128"][seed % 2]
+    shape = tuple(int(n) for n in rng.choice([2, 4, 8], size=int(rng.integers(1, 4))))
+    op = random_tree(rng, shape, dtype, depth=2, sizes=(2, 4, 8))
+    devices = [1, 2, 4, 8][seed % 4]
+    partition = random_partition(rng, op.domain_shape + (8,), devices)
+    out = [None, "auto"][seed // 2 % 2]
+    D = po.distribute(op, partition, out_partition=out)
+    θ = random_params(op, seed)
+    x = jnp.asarray(random_array(rng, op.domain_shape + (8,), op.dtype))
+    y = D(θ) @ x
+    want = op(θ) @ x
+    scale = float(jnp.abs(want).max()) if want.size else 1.0
+    close(y, want, scale)
+    assert y.sharding.is_equivalent_to(D.out_sharding, y.ndim)
+    c = jnp.asarray(random_array(rng, y.shape, y.dtype))
+    close(D.H(θ) @ c, op.H(θ) @ c, float(jnp.abs(op.H(θ) @ c).max()))
+    loss = lambda A: (lambda θ, x: jnp.real(jnp.vdot(c, A(θ) @ x)))
+    got = jax.grad(loss(D), argnums=(0, 1))(θ, x)
+    ref = jax.grad(loss(op), argnums=(0, 1))(θ, x)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+        close(g, r, float(jnp.abs(r).max()))
+    assert po.testing.dot_test(D, θ, batch_shape=(8,)) < 1e-10
+    text = hlo(D, x, *(θ[n] for n, _ in D._program((8,))[1]))
+    assert "all-gather(" not in text
+
+
+def test_jit_vmap_linear_transpose_and_caching():
+    F = po.kron(po.DFT(8), po.Diagonal(8, "complex64", name="d"), po.DFT(8))
+    D = po.distribute(F, (2, 2, 2))
+    θ = random_params(F)
+    θ = {"d": θ["d"].astype(jnp.complex64)}
+    xs = jnp.asarray(random_array(np.random.default_rng(0), (3, 8, 8, 8), np.complex64))
+    np.testing.assert_allclose(np.asarray(jax.vmap(lambda x: D(θ) @ x)(xs)), np.asarray(jax.vmap(lambda x: F(θ) @ x)(xs)), atol=1e-3)
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda x: D(θ) @ x)(xs[0])), np.asarray(F(θ) @ xs[0]), atol=1e-3)
+    (t,) = jax.linear_transpose(lambda x: D(θ) @ x, xs[0])(xs[1])
+    (ts,) = jax.linear_transpose(lambda x: F(θ) @ x, xs[0])(xs[1])
+    np.testing.assert_allclose(np.asarray(t), np.asarray(ts), atol=1e-3)
+    run, specs = D._program(())
+    D(θ) @ xs[0]
+    before = run._cache_size()
+    D(θ) @ xs[1]
+    assert run._cache_size() == before == 1  # the second call neither retraces nor recompiles
+    # the Diagonal's weight is split with its axis
+    assert specs == [("d", P("d1"))] or specs[0][1] != P()
+    placed = po.init(D, jax.random.key(0))["d"]
+    assert placed.sharding.spec == specs[0][1]
+    assert placed.addressable_shards[0].data.shape[0] < 8
+
+
+def test_per_mode_weights_stay_sharded_with_their_modes():
+    W = po.PerModeMatrix(4, 3, (8, 8), name="w")
+    D = po.distribute(W, (1, 2, 4))
+    assert D.plan.collectives() == {"all_to_all": 0, "psum": 0}
+    θ = po.init(D, jax.random.key(0))
+    assert θ["w"].sharding.spec == P(None, None, "d1", "d2")
+    assert θ["w"].addressable_shards[0].data.shape == (4, 3, 4, 2)
+    np.testing.assert_array_equal(np.asarray(θ["w"]), np.asarray(po.init(W, jax.random.key(0))["w"]))
+    x = jnp.asarray(random_array(np.random.default_rng(0), (3, 8, 8), np.complex64))
+    np.testing.assert_allclose(np.asarray(D(θ) @ x), np.asarray(W(θ) @ x), atol=1e-5)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
+def test_user_mesh_and_partition_spec(axis_type):
+    mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(axis_type, axis_type))
+    F = po.kron(po.DFT(8), po.DFT(16), po.DFT(8, "float32"))
+    D = po.distribute(F, P("a", "b"), mesh=mesh)
+    x = random_array(np.random.default_rng(0), (8, 16, 8), np.float32)
+    y = D @ x
+    np.testing.assert_allclose(np.asarray(y), np.fft.rfftn(x), atol=1e-3)
+    assert D.out_sharding.spec == P("a", "b", None) and y.sharding.mesh == mesh
+    D2 = po.distribute(F, (2, 4, 1), mesh=mesh)
+    assert D2.in_sharding.spec == P("a", "b", None)
+
+
+def test_explicit_out_partition():
+    F = po.kron(po.DFT(16), po.DFT(16), po.DFT(16))
+    D = po.distribute(F, (8, 1, 1), out_partition=(1, 1, 8))
+    x = jnp.asarray(complex_cube())
+    assert D.out_sharding.spec == P(None, None, "d0") and D.plan.collectives()["all_to_all"] == 1
+    np.testing.assert_allclose(np.asarray(D @ x), np.fft.fftn(np.asarray(x)), atol=2e-3)
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+F3 = po.kron(po.DFT(30), po.DFT(20), po.DFT(10, "float32"))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(partition=(2, 1)), r"partition \(2, 1\) has 2 entries, but the operator's input has 3 axes"),
+    (dict(partition=(4, 4, 1)), r"needs 16 devices, but 8 are available"),
+    (dict(partition=(0, 1, 1)), r"partition entry 0 must be a positive int, got 0"),
+    (dict(partition=(1, -2, 1)), r"partition entry 1 must be a positive int, got -2"),
+    (dict(partition=(4, 1, 1)), r"axis 0 of size 30 cannot be split in 4: use a size divisible by 4 \(28 or 32\), or split it in one of \[1, 2, 3, 5, 6, 10, 15, 30\]"),
+    (dict(partition=(2, 1, 1), out_partition=(1, 1, 1)), r"replicates mesh axes .*never gathers"),
+    (dict(partition=P("x")), "needs mesh="),
+])
+def test_bad_distribute_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        po.distribute(F3, **kwargs)
+
+
+def test_no_plan_is_a_clear_error():
+    # a DFT on the only axis, split 8 ways, and nowhere to move the split
+    with pytest.raises(ValueError, match=r"no plan exists for input shape \(8,\).*axis 0 must be whole"):
+        po.distribute(po.DFT(8), (8,))
+
+
+def test_bad_apply_input():
+    D = po.distribute(F3, (2, 1, 1))
+    with pytest.raises(ValueError, match=r"input of shape \(30, 20\) is neither"):
+        D @ jnp.ones((30, 20), jnp.float32)
+    with pytest.raises(TypeError, match="takes float32 input, got complex64"):
+        D @ jnp.ones((30, 20, 10), jnp.complex64)
+    with pytest.raises(ValueError, match="names 0 batch axes, but the input of shape"):
+        D @ jnp.ones((30, 20, 10, 2), jnp.float32)
+    B = po.distribute(po.Matrix(20, 20, name="w"), (1, 4))
+    with pytest.raises(ValueError, match=r"input axis 1 of size 10 cannot be split in 4"):
+        B(po.init(B, jax.random.key(0))) @ jnp.ones((20, 10), jnp.float32)
+    with pytest.raises(ValueError, match=r"parameter 'w'.*missing"):
+        B({}) @ jnp.ones((20, 8), jnp.float32)
+    with pytest.raises(TypeError, match="combine operators before distributing"):
+        po.kron(D, po.Identity(2)) @ jnp.ones((30, 20, 10, 2), jnp.float32)
