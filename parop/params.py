@@ -38,7 +38,7 @@ def parametric_leaves(op: Operator) -> dict[str, Leaf]:
     return found
 
 
-def _seed(name: str) -> int:
+def name_seed(name: str) -> int:
     """A fixed number for `name`, so that a weight's value depends only on the key and
     its name, not on the rest of the operator (or on how it is distributed)."""
     return zlib.crc32(name.encode())
@@ -62,7 +62,7 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     if not isinstance(op, Operator):
         raise TypeError(f"po.init takes a parop operator, got {type(op).__name__}")
     return {
-        name: leaf.init_param(jax.random.fold_in(key, _seed(name)))
+        name: leaf.init_param(jax.random.fold_in(key, name_seed(name)))
         for name, leaf in op.parameters.items()
     }
 

@@ -174,19 +174,22 @@ class Planner:
     def __init__(self, mesh_shape: Mapping[str, int]):
         self.mesh_shape = dict(mesh_shape)
         self._memo: dict = {}
+        self._split_memo: dict = {}
 
-    def _splits(self, axes) -> int:
-        return math.prod(self.mesh_shape[n] for n in axes)
+    def _splits(self, axes: tuple[str, ...]) -> int:
+        if axes not in self._split_memo:
+            self._split_memo[axes] = math.prod(self.mesh_shape[n] for n in axes)
+        return self._split_memo[axes]
 
-    def explore(self, prog: Program, shape: tuple[int, ...], entry: Layout) -> dict[Layout, Route]:
-        """The cheapest route to every layout in which all of `prog` can have run,
-        starting from `entry` with tensor `shape`."""
-        key = (id(prog), shape, entry)
+    def explore(self, prog: Program, shape: tuple[int, ...], entry: Layout, enough: "Enough") -> dict[Layout, Route]:
+        """The cheapest routes from `entry` (tensor `shape`) to layouts in which all of
+        `prog` has run, in order of cost, until `enough` of them are known."""
+        key = (id(prog), shape, entry, enough)
         if key not in self._memo:
-            self._memo[key] = self._explore(prog, shape, entry)
+            self._memo[key] = self._explore(prog, shape, entry, enough)
         return self._memo[key]
 
-    def _explore(self, prog, shape, entry):
+    def _explore(self, prog, shape, entry, enough):
         n = len(prog.steps)
         full = (1 << n) - 1
         sizes_of = _memoise(lambda done: _sizes(prog, shape, done))
@@ -203,6 +206,8 @@ class Planner:
                 continue
             if done == full and layout not in finals:
                 finals[layout] = (b, c)
+                if enough.met(finals):
+                    break
             for action, ndone, nlayout, db, dc in self._moves(prog, shape, done, layout, sizes_of, itemsize_of):
                 cost = (b + db, c + dc)
                 state = (ndone, nlayout)
@@ -221,7 +226,7 @@ class Planner:
 
     def _moves(self, prog, shape, done, layout, sizes_of, itemsize_of):
         sizes, itemsize = sizes_of(done), itemsize_of(done)
-        local = math.prod(sizes) / self._splits(n for axes in layout for n in axes)
+        local = math.prod(sizes) / self._splits(tuple(n for axes in layout for n in axes))
         for j, step in enumerate(prog.steps):
             bit = 1 << j
             if done & bit or prog.preds[j] & ~done:
@@ -265,12 +270,31 @@ class Planner:
                     yield Split(name, dst, nlayout), done, nlayout, 0.0, 0
 
     def _branch(self, step, sizes, layout, ndone):
-        routes = [self.explore(t, sizes, layout) for t in step.terms]
+        """The terms from `layout` to a common exit: `layout` itself or one of the
+        terms' own cheapest exits, whichever costs least in total."""
+        candidates = {layout} | {next(iter(self.explore(t, sizes, layout, Enough(count=1))))
+                                 for t in step.terms}
+        routes = [self.explore(t, sizes, layout, Enough(layouts=frozenset(candidates))) for t in step.terms]
         for exit_ in set(routes[0]).intersection(*routes[1:]):
             parts = [r[exit_] for r in routes]
             nbytes = sum(p.cost[0] for p in parts)
             count = sum(p.cost[1] for p in parts)
             yield Branch(step, tuple(p.actions for p in parts), exit_), ndone, exit_, nbytes, count
+
+
+@dataclass(frozen=True)
+class Enough:
+    """When a search may stop: once all of `layouts` are reached, or else `count` exit
+    layouts that `accept` takes (any layout where `accept` is None)."""
+
+    count: int = 1
+    layouts: frozenset | None = None
+    accept: Callable[[Layout], bool] | None = None
+
+    def met(self, finals: Mapping[Layout, Cost]) -> bool:
+        if self.layouts is not None:
+            return self.layouts <= finals.keys()
+        return sum(self.accept is None or self.accept(layout) for layout in finals) >= self.count
 
 
 def _memoise(f: Callable):
@@ -315,6 +339,7 @@ class Plan:
     in_layout: Layout
     out_layout: Layout
     route: Route
+    exits: Mapping[Layout, Cost]  # every output layout it could have ended in, and its cost
 
     @property
     def actions(self) -> tuple[Action, ...]:
@@ -406,12 +431,14 @@ def _action_lines(actions, indent: str) -> list[str]:
 
 
 def make_plan(op: Operator, shape, in_layout: Layout, mesh_shape, accept: Callable[[Layout], bool],
-              where: str) -> Plan:
+              where: str, exits: int = 1) -> Plan:
     """The cheapest plan for `op` on a tensor of `shape` (domain + batch) laid out as
-    `in_layout`, ending in a layout `accept` takes; a `ValueError` if there is none."""
+    `in_layout`, ending in a layout `accept` takes; a `ValueError` if there is none.
+    `Plan.exits` lists (at least) the `exits` cheapest layouts it could have ended in."""
     planner = Planner(mesh_shape)
     prog = program(op, op.dtype)
-    routes = planner.explore(prog, tuple(shape), in_layout)
+    enough = Enough(count=exits, accept=accept)
+    routes = planner.explore(prog, tuple(shape), in_layout, enough)
     fits = [(r.cost, layout != in_layout, layout) for layout, r in routes.items() if accept(layout)]
     if not fits:
         needs = sorted({f"axis {s.axes[0]}" for s in _all_steps(prog) if s.leaf is not None
@@ -425,7 +452,8 @@ def make_plan(op: Operator, shape, in_layout: Layout, mesh_shape, accept: Callab
         )
     _, _, out_layout = min(fits, key=lambda f: (f[0], f[1], str(f[2])))
     out_shape = tuple(op.range_shape) + tuple(shape[op.ndim:])
-    return Plan(op, dict(mesh_shape), tuple(shape), out_shape, in_layout, out_layout, routes[out_layout])
+    exits = {layout: r.cost for layout, r in routes.items() if accept(layout)}
+    return Plan(op, dict(mesh_shape), tuple(shape), out_shape, in_layout, out_layout, routes[out_layout], exits)
 
 
 def _all_steps(prog: Program):
