@@ -53,14 +53,19 @@ def _run(actions: tuple[Action, ...], x: jax.Array, weights: dict, mesh: Mesh) -
             leaf = step.leaf
             w = weights.get((leaf.name, _spec(action, leaf))) if leaf.param_shape else None
             x = leaf._forward(w, x, step.axes[0])
-            if action.psum:
+            if action.scatter:
+                x = lax.psum_scatter(x, action.psum, scatter_dimension=step.axes[0], tiled=True)
+            elif action.psum:
                 x = lax.psum(x, action.psum)
     return x
 
 
 def _spec(action: Local, leaf) -> PartitionSpec:
-    """The spec of `leaf`'s weight where `action` runs it: each weight axis split as the
-    tensor axis it runs along, replicated where the leaf needs it whole."""
+    """The spec of `leaf`'s weight where `action` runs it: as the plan shards it (tensor
+    parallelism), else each weight axis split as the tensor axis it runs along, and
+    replicated where the leaf needs it whole."""
+    if action.weight_split is not None:
+        return spec_of(action.weight_split)
     first = action.step.axes[0]
     return spec_of(tuple(() if a is None else action.layout[first + a] for a in leaf.param_axes))
 

@@ -42,7 +42,7 @@ class DistributedOperator(Operator):
     """
 
     def __init__(self, op: Operator, mesh: Mesh, in_layout: Layout | None, out: str | Layout | None,
-                 where: str, adjoint_of: "DistributedOperator | None" = None):
+                 where: str, shard_weights: bool | str = "auto", adjoint_of: "DistributedOperator | None" = None):
         for name in ("domain_shape", "range_shape", "dtype", "range_dtype"):
             object.__setattr__(self, name, getattr(op, name))
         object.__setattr__(self, "op", op)
@@ -51,6 +51,7 @@ class DistributedOperator(Operator):
         object.__setattr__(self, "_out", out)
         object.__setattr__(self, "_where", where)
         object.__setattr__(self, "_adjoint_of", adjoint_of)
+        object.__setattr__(self, "shard_weights", shard_weights)
         object.__setattr__(self, "_plans", {})
         object.__setattr__(self, "_programs", {})
 
@@ -68,7 +69,8 @@ class DistributedOperator(Operator):
         )
 
     def _adjoint(self) -> "DistributedOperator":
-        return DistributedOperator(self.op.H, self.mesh, None, None, f"{self._where}.H", adjoint_of=self)
+        return DistributedOperator(self.op.H, self.mesh, None, None, f"{self._where}.H", self.shard_weights,
+                                   adjoint_of=self)
 
     def describe(self) -> str:
         from ..display import short
@@ -110,7 +112,8 @@ class DistributedOperator(Operator):
                     f"size divisible by {p} ({_nearest_multiples(n, p)}), or split it in one of "
                     f"{_divisors(n)}"
                 )
-        return make_plan(self.op, shape, in_layout, self.mesh.shape, accept, self._where)
+        return make_plan(self.op, shape, in_layout, self.mesh.shape, accept, self._where,
+                         shard_weights=self.shard_weights)
 
     def _acceptor(self, in_layout: Layout, shape):
         out = self._out
@@ -199,6 +202,7 @@ def distribute(
     *,
     out_partition: OutPartition = None,
     mesh: Mesh | None = None,
+    shard_weights: bool | Literal["auto"] = "auto",
 ) -> DistributedOperator:
     """`op` as one `shard_map` program over a device mesh: the same linear map.
 
@@ -209,6 +213,13 @@ def distribute(
     - `out_partition`: `None` (the input's layout wherever the output sizes allow; a
       `Reduce`d axis comes back replicated), a tuple or `PartitionSpec`, or `"auto"`
       (the cheapest layout; `D.out_sharding` says which).
+    - `shard_weights`: how a `Matrix` on a split axis (or with a free mesh axis) may
+      run. `"auto"`: the planner picks, by bytes moved, between moving the activations
+      and replicating the weight, and the tensor-parallel forms: row-parallel (the
+      weight split by columns with the input's split, partial products, `psum` or
+      `psum_scatter`) and column-parallel (the weight split by rows over a free mesh
+      axis, the output split the same way, no traffic). `True`: every `Matrix` weight
+      is sharded (a `ValueError` where no form fits). `False`: always replicated.
 
     The planner makes axes an operator needs whole local by `all_to_all` moves, keeps
     `Identity`/`Diagonal` axes split, and turns a `Reduce` over a split axis into a
@@ -253,7 +264,9 @@ def distribute(
                 f"{where}: out_partition has {len(counts)} entries, the output has {len(in_layout)} axes"
             )
         out = layout_for_counts(counts, in_layout, mesh, where)
-    D = DistributedOperator(op, mesh, in_layout, out, where)
+    if shard_weights not in (True, False, "auto"):
+        raise ValueError(f"{where}: shard_weights must be True, False or 'auto', got {shard_weights!r}")
+    D = DistributedOperator(op, mesh, in_layout, out, where, shard_weights)
     if D.n_batch == 0:
         D.plan_for(())  # plan now, so that bad input fails here and not at the first call
     return D

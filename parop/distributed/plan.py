@@ -120,13 +120,19 @@ def program(op: Operator, dtype, axis: int = 0) -> Program:
 
 @dataclass(frozen=True)
 class Local:
-    """Run `step` on each device's block; `psum` over mesh axes for a `Reduce` over a
-    split axis."""
+    """Run `step` on each device's block; then `psum` over mesh axes (a `Reduce` over a
+    split axis, or a row-parallel `Matrix`), or `psum_scatter` (`scatter`).
+
+    `weight_split` is set for a `Matrix` with a sharded weight: the mesh axes that
+    split each weight axis (column-parallel: the output axis; row-parallel: the input
+    axis)."""
 
     step: Step
     layout: Layout  # before the step
     psum: tuple[str, ...] = ()
     bytes: float = 0.0
+    scatter: bool = False
+    weight_split: tuple[tuple[str, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -171,8 +177,9 @@ class Route:
 class Planner:
     """Searches routes through one operator's programs on one mesh (memoised)."""
 
-    def __init__(self, mesh_shape: Mapping[str, int]):
+    def __init__(self, mesh_shape: Mapping[str, int], shard_weights: bool | str = "auto"):
         self.mesh_shape = dict(mesh_shape)
+        self.shard_weights = shard_weights
         self._memo: dict = {}
         self._split_memo: dict = {}
 
@@ -234,6 +241,9 @@ class Planner:
             if step.terms:
                 yield from self._branch(step, sizes, layout, done | bit)
                 continue
+            if step.leaf is not None and step.leaf.dense_axes is not None:
+                yield from self._dense(step, sizes, layout, done | bit, local, itemsize)
+                continue
             roles = step.leaf.roles if step.leaf is not None else ()
             if any(r is Role.LOCAL and layout[a] for a, r in zip(step.axes, roles)):
                 continue
@@ -268,6 +278,44 @@ class Planner:
                 if sizes[dst] % (self._splits(layout[dst]) * size) == 0:
                     nlayout = tuple(layout[a] + (name,) if a == dst else layout[a] for a in range(len(layout)))
                     yield Split(name, dst, nlayout), done, nlayout, 0.0, 0
+
+    def _dense(self, step, sizes, layout, ndone, local, itemsize):
+        """A dense `Matrix` step: with its weight replicated on a whole axis, or, where
+        `shard_weights` allows, column-parallel (a free mesh axis splits the weight's
+        rows and the output) or row-parallel (the input's split splits the weight's
+        columns; partial products, then `psum` or `psum_scatter`)."""
+        a, leaf = step.axes[0], step.leaf
+        n, m = sizes[a], step.out_sizes[0]
+        out_ax, in_ax = leaf.dense_axes
+        split = layout[a]
+        relayout = lambda axes: tuple(axes if i == a else layout[i] for i in range(len(layout)))
+
+        def weight(out_axes=(), in_axes=()):
+            parts = [()] * len(leaf.param_shape)
+            parts[out_ax], parts[in_ax] = out_axes, in_axes
+            return tuple(parts)
+
+        if not split:
+            if self.shard_weights is not True:
+                yield Local(step, layout), ndone, layout, 0.0, 0
+            if self.shard_weights:
+                used = {name for axes in layout for name in axes}
+                for name, size in self.mesh_shape.items():
+                    if name not in used and size > 1 and m % size == 0:
+                        yield (Local(step, layout, weight_split=weight(out_axes=(name,))), ndone,
+                               relayout((name,)), 0.0, 0)
+            return
+        if not self.shard_weights:
+            return
+        g = self._splits(split)
+        partial = local * g / n * m * itemsize  # the block of partial sums on each device
+        nbytes = 2 * partial * (g - 1) / g
+        yield (Local(step, layout, split, nbytes, weight_split=weight(in_axes=split)), ndone,
+               relayout(()), nbytes, 1)
+        if m % g == 0:
+            nbytes = partial * (g - 1) / g
+            yield (Local(step, layout, split, nbytes, scatter=True, weight_split=weight(in_axes=split)),
+                   ndone, layout, nbytes, 1)
 
     def _branch(self, step, sizes, layout, ndone):
         """The terms from `layout` to a common exit: `layout` itself or one of the
@@ -418,9 +466,14 @@ def _action_lines(actions, indent: str) -> list[str]:
             step = action.step
             what = short(step.leaf) if step.leaf is not None else f"scale by {step.c:g}"
             where = f" on axis {step.axes[0]}" if len(step.axes) == 1 else f" on axes {step.axes}" if step.axes else ""
+            if action.weight_split is not None:
+                form = "row" if action.psum else "column"
+                axes = "+".join(n for part in action.weight_split for n in part)
+                where += f", {form}-parallel: weight split over {axes}"
             lines.append(f"{indent}{what}{where}")
             if action.psum:
-                lines.append(f"{indent}psum {'+'.join(action.psum)}   {_fmt_bytes(action.bytes)}/device")
+                op = "psum_scatter" if action.scatter else "psum"
+                lines.append(f"{indent}{op} {'+'.join(action.psum)}   {_fmt_bytes(action.bytes)}/device")
         else:
             lines.append(f"{indent}sum of {len(action.terms)} terms:")
             for k, term in enumerate(action.terms):
@@ -431,11 +484,11 @@ def _action_lines(actions, indent: str) -> list[str]:
 
 
 def make_plan(op: Operator, shape, in_layout: Layout, mesh_shape, accept: Callable[[Layout], bool],
-              where: str, exits: int = 1) -> Plan:
+              where: str, exits: int = 1, shard_weights: bool | str = "auto") -> Plan:
     """The cheapest plan for `op` on a tensor of `shape` (domain + batch) laid out as
     `in_layout`, ending in a layout `accept` takes; a `ValueError` if there is none.
     `Plan.exits` lists (at least) the `exits` cheapest layouts it could have ended in."""
-    planner = Planner(mesh_shape)
+    planner = Planner(mesh_shape, shard_weights)
     prog = program(op, op.dtype)
     enough = Enough(count=exits, accept=accept)
     routes = planner.explore(prog, tuple(shape), in_layout, enough)

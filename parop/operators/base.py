@@ -6,7 +6,9 @@ A leaf says, besides its shapes and dtypes:
 - the `roles` of its domain axes for the distribution planner (see `Role`);
 - its parameter, if it has one: `param_shape`, `param_dtype`, `param_axes` (which
   operator axis each weight axis runs along, `None` for a weight axis that is
-  needed whole), and how to draw it (`init_param`);
+  needed whole), and how to draw it (`init_param`); `dense_axes` for a dense matrix
+  (which weight axes run along the output and the input), which lets the planner
+  shard the weight (tensor parallelism);
 - `_forward(w, x, axis)` and `_backward(w, x, axis)`: the map and its exact adjoint on
   the axes of `x` from `axis` on, with `w` the weight (or `None`).
 """
@@ -69,6 +71,7 @@ class Leaf(Operator):
     param_shape: tuple[int, ...] | None = None
     param_dtype: np.dtype | None = None
     param_axes: tuple[int | None, ...] = ()
+    dense_axes: tuple[int, int] | None = None  # weight axes along the output, the input
 
     def _freeze(self, **fields) -> None:
         for key, value in fields.items():
@@ -124,6 +127,7 @@ class Adjoint(Leaf):
             param_shape=of.param_shape,
             param_dtype=of.param_dtype,
             param_axes=of.param_axes,
+            dense_axes=None if of.dense_axes is None else of.dense_axes[::-1],
         )
 
     @property

@@ -38,6 +38,7 @@ class Matrix(Leaf):
 
     roles = (Role.LOCAL,)
     param_axes = (None, None)
+    dense_axes = (0, 1)
 
     def __init__(self, m: int, n: int, dtype="float32", name: str | None = None):
         m = positive_int(m, "m", "Matrix")
