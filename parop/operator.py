@@ -213,7 +213,8 @@ class Bound:
 def _as_tensor(op: Operator, x):
     """`x` as a `domain_shape + batch` tensor, and the function that shapes the result
     back (flat input gives flat output)."""
-    x = jnp.asarray(x)
+    if not isinstance(x, jax.Array):  # jnp.asarray is not free, even on an Array
+        x = jnp.asarray(x)
     n = op.ndim
     if x.shape[:n] == op.domain_shape:
         return x, lambda y: y
