@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -38,7 +39,7 @@ class Flow(Enum):
 
 def canonical(dtype) -> np.dtype:
     """The dtype as NumPy spells it, with JAX's x64 setting applied."""
-    return np.dtype(jnp.dtype(dtype))
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def is_complex(dtype) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import numbers
+from typing import Callable
 
 import jax
 import numpy as np
@@ -18,6 +19,23 @@ def _check_operators(where: str, ops) -> None:
     for op in ops:
         if not isinstance(op, Operator):
             raise TypeError(f"{where} takes parop operators, got {type(op).__name__}: {op!r}")
+
+
+def _settle(op: Operator, candidates, failure: Callable[[], str], **fields) -> None:
+    """Sets `fields` on the new combinator `op`, then its `dtype` (the first of
+    `candidates` that flows through it) and `range_dtype`; a `TypeError` saying
+    `failure()` where none does."""
+    for name, value in fields.items():
+        object.__setattr__(op, name, value)
+    dtype = input_dtype(op, candidates)
+    if dtype is None:
+        raise TypeError(failure())
+    object.__setattr__(op, "dtype", dtype)
+    object.__setattr__(op, "range_dtype", op.out_dtype(dtype))
+
+
+def _flows(ops, sep: str) -> str:
+    return sep.join(f"{op!r} [{op.dtype} -> {op.range_dtype}]" for op in ops)
 
 
 def _ordered(factors, indices):
@@ -60,22 +78,15 @@ class Kron(Operator):
 
     def __init__(self, factors: tuple[Operator, ...]):
         offsets = tuple(itertools.accumulate((f.ndim for f in factors), initial=0))[:-1]
-        domain = sum((f.domain_shape for f in factors), ())
-        range_ = sum((f.range_shape for f in factors), ())
-        object.__setattr__(self, "factors", factors)
-        object.__setattr__(self, "offsets", offsets)
-        object.__setattr__(self, "domain_shape", domain)
-        object.__setattr__(self, "range_shape", range_)
-        dtype = input_dtype(self, [f.dtype for f in factors])
-        if dtype is None:
-            flows = ", ".join(f"{f!r} [{f.dtype} -> {f.range_dtype}]" for f in factors)
-            raise TypeError(
-                f"kron: no order of the factors {flows} is valid: every factor must see the "
-                "dtype it takes, and at most one factor may turn real data complex (a real "
-                "DFT) or complex data real (its adjoint or inverse); precisions must agree"
-            )
-        object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "range_dtype", self.out_dtype(dtype))
+        _settle(
+            self, [f.dtype for f in factors],
+            lambda: f"kron: no order of the factors {_flows(factors, ', ')} is valid: every factor "
+            "must see the dtype it takes, and at most one factor may turn real data complex (a "
+            "real DFT) or complex data real (its adjoint or inverse); precisions must agree",
+            factors=factors, offsets=offsets,
+            domain_shape=sum((f.domain_shape for f in factors), ()),
+            range_shape=sum((f.range_shape for f in factors), ()),
+        )
 
     def schedule(self, dtype) -> tuple[tuple[int, ...], np.dtype] | None:
         return _kron_schedule(self.factors, _dtypes.canonical(dtype))
@@ -107,17 +118,11 @@ class Compose(Operator):
     """`ops[0] @ ops[1] @ ...`: the last one is applied first. Build it with `@`."""
 
     def __init__(self, ops: tuple[Operator, ...]):
-        object.__setattr__(self, "ops", ops)
-        object.__setattr__(self, "domain_shape", ops[-1].domain_shape)
-        object.__setattr__(self, "range_shape", ops[0].range_shape)
-        dtype = input_dtype(self, [ops[-1].dtype] + [op.dtype for op in ops[:-1]])
-        if dtype is None:
-            raise TypeError(
-                "cannot compose " + " @ ".join(f"{op!r} [{op.dtype} -> {op.range_dtype}]" for op in ops)
-                + ": no input dtype flows through every operator"
-            )
-        object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "range_dtype", self.out_dtype(dtype))
+        _settle(
+            self, [ops[-1].dtype] + [op.dtype for op in ops[:-1]],
+            lambda: f"cannot compose {_flows(ops, ' @ ')}: no input dtype flows through every operator",
+            ops=ops, domain_shape=ops[-1].domain_shape, range_shape=ops[0].range_shape,
+        )
 
     def out_dtype(self, dtype):
         for op in reversed(self.ops):
@@ -145,17 +150,11 @@ class Sum(Operator):
     """`terms[0] + terms[1] + ...`. Build it with `+` and `-`."""
 
     def __init__(self, terms: tuple[Operator, ...]):
-        object.__setattr__(self, "terms", terms)
-        object.__setattr__(self, "domain_shape", terms[0].domain_shape)
-        object.__setattr__(self, "range_shape", terms[0].range_shape)
-        dtype = input_dtype(self, [t.dtype for t in terms])
-        if dtype is None:
-            raise TypeError(
-                "cannot add " + " + ".join(f"{t!r} [{t.dtype} -> {t.range_dtype}]" for t in terms)
-                + ": no input dtype gives every term the same output dtype"
-            )
-        object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "range_dtype", self.out_dtype(dtype))
+        _settle(
+            self, [t.dtype for t in terms],
+            lambda: f"cannot add {_flows(terms, ' + ')}: no input dtype gives every term the same output dtype",
+            terms=terms, domain_shape=terms[0].domain_shape, range_shape=terms[0].range_shape,
+        )
 
     def out_dtype(self, dtype):
         outs = {t.out_dtype(dtype) for t in self.terms}
