@@ -61,22 +61,39 @@ def short(op: Operator) -> str:
     return op.describe() if hasattr(op, "describe") else type(op).__name__
 
 
-def _rows(op: Operator, depth: int = 0):
+def _child_dtypes(op: Operator, dtype) -> list:
+    """The dtype each child of `op` really sees on `dtype` input (a structural leaf
+    such as `Restriction` carries whatever flows through it)."""
+    children = op.children()
+    if isinstance(op, Kron):
+        seen, order = {}, op.schedule(dtype)[0]
+        for i in order:
+            seen[i] = dtype
+            dtype = children[i].out_dtype(dtype)
+        return [seen[i] for i in range(len(children))]
+    if isinstance(op, Compose):
+        seen = []
+        for child in reversed(children):
+            seen.append(dtype)
+            dtype = child.out_dtype(dtype)
+        return seen[::-1]
+    return [dtype] * len(children)
+
+
+def _rows(op: Operator, depth: int = 0, dtype=None):
+    """`(depth, label, operator, input dtype, output dtype)` for each node."""
+    dtype = op.dtype if dtype is None else dtype
     name = _leaf(op) or {Kron: "⊗ kron", Compose: "@ compose", Sum: "+ sum"}.get(type(op))
     if name is None:
         name = short(op) if not isinstance(op, Scale) else f"{op.c:g}· scale"
-    yield depth, name, op
+    yield depth, name, op, dtype, op.out_dtype(dtype)
     if _leaf(op) is None:
-        for child in op.children():
-            yield from _rows(child, depth + 1)
-
-
-def _signature(op: Operator) -> str:
-    return f"{op.domain_shape} {op.dtype} → {op.range_shape} {op.range_dtype}"
+        for child, d in zip(op.children(), _child_dtypes(op, dtype)):
+            yield from _rows(child, depth + 1, d)
 
 
 def tree(op: Operator) -> str:
-    """The operator tree, one node a line, with shapes and dtypes.
+    """The operator tree, one node a line, with shapes and the dtypes that flow there.
 
     ```python
     >>> print(po.tree(po.kron(po.DFT(30), po.DFT(10, dtype=jnp.float32))))
@@ -85,7 +102,7 @@ def tree(op: Operator) -> str:
       rDFT(10)      (10,) float32 → (6,) complex64
     ```
     """
-    rows = [("  " * d + name, _signature(o)) for d, name, o in _rows(op)]
+    rows = [("  " * d + name, f"{o.domain_shape} {i} → {o.range_shape} {out}") for d, name, o, i, out in _rows(op)]
     width = max(len(r[0]) for r in rows) + 2
     return "\n".join(f"{a:<{width}}{b}" for a, b in rows)
 
@@ -94,10 +111,10 @@ def html(op: Operator) -> str:
     """The tree as an HTML table, for Jupyter."""
     body = "".join(
         f"<tr><td style='text-align:left;padding-left:{1.2 * d + 0.3:.1f}em'>{_html.escape(name)}</td>"
-        f"<td>{_html.escape(str(o.domain_shape))}</td><td>{o.dtype}</td>"
-        f"<td>{_html.escape(str(o.range_shape))}</td><td>{o.range_dtype}</td>"
+        f"<td>{_html.escape(str(o.domain_shape))}</td><td>{i}</td>"
+        f"<td>{_html.escape(str(o.range_shape))}</td><td>{out}</td>"
         f"<td>{', '.join(sorted(o.parameters)) if _leaf(o) else ''}</td></tr>"
-        for d, name, o in _rows(op)
+        for d, name, o, i, out in _rows(op)
     )
     return (
         f"<div><code>{_html.escape(short(op))}</code><table>"

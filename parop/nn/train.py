@@ -103,8 +103,14 @@ def fit(model, θ: Params, a: jax.Array, u: jax.Array, *, steps: int, batch: int
 def _progress(total: int):
     """A progress bar: tqdm's where installed, else a line every 10%."""
     try:
+        import ipywidgets  # noqa: F401  (tqdm.auto needs it for a notebook widget)
         from tqdm.auto import tqdm
     except ImportError:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            tqdm = None
+    if tqdm is None:
         start = time.perf_counter()
 
         def report(i, value):
