@@ -162,11 +162,11 @@ def test_jit_vmap_linear_transpose_and_caching():
     (t,) = jax.linear_transpose(lambda x: D(θ) @ x, xs[0])(xs[1])
     (ts,) = jax.linear_transpose(lambda x: F(θ) @ x, xs[0])(xs[1])
     np.testing.assert_allclose(np.asarray(t), np.asarray(ts), atol=1e-3)
-    run, specs = D._program(())
+    _, specs = D._program(())
     D(θ) @ xs[0]
-    before = run._cache_size()
+    before = D._call._cache_size()
     D(θ) @ xs[1]
-    assert run._cache_size() == before == 1  # the second call neither retraces nor recompiles
+    assert D._call._cache_size() == before == 1  # the second call neither retraces nor recompiles
     # the Diagonal's weight is split with its axis
     assert specs == [("d", P("d1"))] or specs[0][1] != P()
     placed = po.init(D, jax.random.key(0))["d"]

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from ..operators import dft
 from .layout import Layout, spec_of
 from .plan import Action, AllToAll, Branch, Local, Plan, Split, _walk
 
@@ -31,8 +32,26 @@ def weight_specs(plan: Plan) -> list[tuple[str, PartitionSpec]]:
     return seen
 
 
-def _run(actions: tuple[Action, ...], x: jax.Array, weights: dict, mesh: Mesh) -> jax.Array:
+def _fuse_ffts(actions: tuple[Action, ...]) -> list:
+    """`actions` with each run of consecutive local DFTs (see `dft.fusable`) as one
+    list `[(leaf, axis), ...]`, which runs as a single multi-axis FFT."""
+    out: list = []
     for action in actions:
+        leaf = action.step.leaf if isinstance(action, Local) and not action.psum else None
+        if leaf is not None and out and isinstance(out[-1], list) and dft.fusable(out[-1], leaf):
+            out[-1].append((leaf, action.step.axes[0]))
+        elif leaf is not None and dft.fusable([], leaf):
+            out.append([(leaf, action.step.axes[0])])
+        else:
+            out.append(action)
+    return out
+
+
+def _run(actions: tuple[Action, ...], x: jax.Array, weights: dict, mesh: Mesh) -> jax.Array:
+    for action in _fuse_ffts(actions):
+        if isinstance(action, list):
+            x = dft.apply_fused(action, x)
+            continue
         if isinstance(action, AllToAll):
             name = action.axes if len(action.axes) > 1 else action.axes[0]
             x = lax.all_to_all(x, name, split_axis=action.dst, concat_axis=action.src, tiled=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Mapping
 
 import jax
 import numpy as np
@@ -177,12 +177,25 @@ class DistributedOperator(Operator):
 
     # -- application ---------------------------------------------------------------------
     def apply(self, θ: Params | None, x) -> jax.Array:
-        x, unflatten = _as_tensor(self, x)
-        x = _as_input_dtype(self, x)
         θ = {} if θ is None else θ
-        check_params(self, θ)
-        run, specs = self._program(tuple(x.shape[self.ndim:]))
-        return unflatten(run(x, *(θ[name] for name, _ in specs)))
+        if not isinstance(θ, Mapping):
+            check_params(self, θ)  # raises the TypeError
+        weights = {name: θ[name] for name in self.parameters if name in θ}
+        return self._call(weights, x)
+
+    @property
+    def _call(self):
+        """`(θ, x) -> y` under `jax.jit`: the checks and the flat/tensor handling run
+        when it traces, so a call costs what the jitted program's dispatch costs."""
+
+        def call(θ, x):
+            x, unflatten = _as_tensor(self, x)
+            x = _as_input_dtype(self, x)
+            check_params(self, θ)
+            run, specs = self._program(tuple(x.shape[self.ndim:]))
+            return unflatten(run(x, *(θ[name] for name, _ in specs)))
+
+        return self._cache("_jitted_call", lambda: jax.jit(call))
 
 
 @init.register

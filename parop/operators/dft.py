@@ -98,3 +98,35 @@ class InverseDFT(Leaf):
 
     def inverse(self) -> DFT:
         return self.of
+
+
+def fusable(run: list, leaf) -> bool:
+    """Whether `leaf` can join `run`, a list of `(DFT or InverseDFT, axis)` applied in
+    order, in one multi-axis FFT: same class and norm, and the real axis where
+    `rfftn` (first) or `irfftn` (last) puts it."""
+    if not isinstance(leaf, (DFT, InverseDFT)):
+        return False
+    if not run:
+        return True
+    first = run[0][0]
+    if type(leaf) is not type(first) or leaf.norm != first.norm:
+        return False
+    if isinstance(leaf, DFT):
+        return not leaf.real
+    return not any(l.real for l, _ in run)
+
+
+def apply_fused(run: list, x):
+    """`run` (see `fusable`) as one `fftn`/`rfftn`/`ifftn`/`irfftn` call: one FFT op
+    for XLA instead of one per axis."""
+    leaves = [l for l, _ in run]
+    axes = [a for _, a in run]
+    norm = leaves[0].norm
+    if isinstance(leaves[0], DFT):
+        if leaves[0].real:  # rfftn transforms the last of `axes` first, as the real one
+            return jnp.fft.rfftn(x, axes=axes[1:] + axes[:1], norm=norm)
+        return jnp.fft.fftn(x, axes=axes, norm=norm)
+    if leaves[-1].real:  # irfftn transforms the last of `axes` last, as the real one
+        sizes = [x.shape[a] for a in axes[:-1]] + [leaves[-1].n]
+        return jnp.fft.irfftn(x, s=sizes, axes=axes, norm=norm)
+    return jnp.fft.ifftn(x, axes=axes, norm=norm)

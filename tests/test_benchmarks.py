@@ -1,0 +1,113 @@
+"""Smoke test of `benchmarks/run.py --quick`: it runs to the end, every candidate's
+result matches NumPy, and the compiled programs hold the collectives the plans say.
+
+Timing ratios are not asserted: CI timing is noisy."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "benchmarks" / "run.py"
+
+# The fewest all_to_alls for each 3-D FFT plan (issue tables), by (kind, partition, out).
+EXPECTED_ALL_TO_ALL = {
+    ("c2c", "slab", "parop"): 2, ("c2c", "slab", "parop, out auto"): 1,
+    ("c2c", "pencil", "parop"): 4, ("c2c", "pencil", "parop, out auto"): 2,
+    ("r2c", "slab", "parop"): 2, ("r2c", "slab", "parop, out auto"): 1,
+    ("r2c", "pencil", "parop"): 4, ("r2c", "pencil", "parop, out auto"): 2,
+}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64")}
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--quick", "--out", str(out / "RESULTS.md"), "--json", str(out / "results.json")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )
+    results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+    markdown = (out / "RESULTS.md").read_text() if (out / "RESULTS.md").exists() else ""
+    return proc, results, markdown
+
+
+def test_quick_run_exits_cleanly_and_prints_the_tables(quick_run):
+    proc, results, markdown = quick_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for heading in ("## Targets", "## Timings", "## f. Collectives", "## e. Planning + compile time"):
+        assert heading in proc.stdout and heading in markdown
+    assert "| target | measured" in proc.stdout
+    assert "Machine: " in markdown and "jax " in markdown
+    assert results is not None and results["quick"]
+
+
+def test_every_candidate_matches_numpy(quick_run):
+    _, results, _ = quick_run
+    assert results["checks_failed"] == []
+    cases = {g["case"] for g in results["groups"]}
+    assert {"a", "b", "c", "e"} <= cases
+    for g in results["groups"]:
+        for name, r in g["results"].items():
+            if r["status"] == "skipped":  # jaxdecomp (not installed) or an XLA abort, with the reason
+                assert r["detail"], (g["problem"], name)
+                continue
+            assert r["status"] == "ok", (g["problem"], name, r)
+            assert r["median_s"] is not None and r["median_s"] > 0
+            if g["case"] in "abc":
+                assert r["error"] is not None and r["error"] <= 1e-4, (g["problem"], name, r["error"])
+        # parop and the hand-written yardstick always run
+        assert g["results"][g["yardstick"]]["status"] == "ok"
+        parop = [n for n in g["results"] if n.startswith("parop")]
+        assert parop and all(g["results"][n]["status"] == "ok" for n in parop)
+
+
+def test_hlo_collectives_match_the_plans(quick_run):
+    _, results, _ = quick_run
+    rows = results["hlo"]
+    seen = set()
+    for r in rows:
+        kind, _, part = r["problem"].split()[:3]
+        key = (kind, part, r["program"])
+        if key in EXPECTED_ALL_TO_ALL:
+            seen.add(key)
+            assert r["all-to-all"] == r["plan_all_to_all"] == EXPECTED_ALL_TO_ALL[key], r
+            assert r["all-gather"] == r["all-reduce"] == r["reduce-scatter"] == 0, r
+            assert r["sent_bytes"] == pytest.approx(r["plan_bytes"]), r
+        if r["program"].startswith("hand shard_map") and kind in ("c2c", "r2c"):
+            twin = "parop" + r["program"][len("hand shard_map"):]
+            assert r["all-to-all"] == EXPECTED_ALL_TO_ALL[(kind, part, twin)], r
+        if r["program"].startswith("jit(") and kind in ("c2c", "r2c"):
+            assert r["all-to-all"] == 0 and r["all-gather"] >= 1, r  # XLA gathers the array
+    assert seen == set(EXPECTED_ALL_TO_ALL)
+    mixing = [r for r in rows if r["problem"].startswith("mix")]
+    apply = [r for r in mixing if r["problem"].endswith("apply") and r["program"] == "parop"]
+    grad = [r for r in mixing if r["problem"].endswith("grad") and r["program"] == "parop"]
+    assert apply and sum(apply[0][k] for k in ("all-to-all", "all-gather", "all-reduce")) == 0
+    assert grad and grad[0]["all-reduce"] == 1 and grad[0]["all-to-all"] == grad[0]["all-gather"] == 0
+
+
+def test_compile_time_was_measured(quick_run):
+    _, results, _ = quick_run
+    assert len(results["compile"]) == 3
+    for r in results["compile"]:
+        assert r["plan_s"] > 0 and r["first_call_s"] > 0
+
+
+def test_an_xla_abort_is_reported_and_the_benchmark_goes_on():
+    """XLA can abort the process on some sharded FFTs (fft_handler.cc): `run.py` probes
+    `jit(fftn)` in a child process, reports the abort and probes the rest afresh."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.run import XlaProbe
+
+    specs = [
+        {"id": "boom", "kind": "c2c", "n": 8, "partition": [8, 1, 1], "simulate_abort": True},
+        {"id": "fine", "kind": "r2c", "n": 8, "partition": [2, 4, 1]},
+    ]
+    status = XlaProbe(specs).wait()
+    assert status["boom"].startswith("aborted"), status
+    assert status["fine"] == "ok", status
