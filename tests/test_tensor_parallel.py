@@ -92,3 +92,13 @@ def test_shard_weights_false_replicates_and_bad_values():
         po.distribute(op, (2, 1), shard_weights="yes")
     with pytest.raises(ValueError, match="no plan exists"):
         po.distribute(po.Matrix(8, 8, name="m"), (1,), mesh=None, shard_weights=True)
+
+
+def test_auto_prefers_less_weight_memory_when_traffic_ties():
+    """Replicated and column-parallel both move nothing here: "auto" takes the one that
+    holds less of the weight on each device."""
+    mesh = mesh_of((2, "t"))
+    op = po.kron(po.Identity(2), po.Matrix(8, 4, name="w"))
+    D = po.distribute(op, P(), mesh=mesh, out_partition="auto")
+    assert "column-parallel" in str(D.plan) and D.plan.bytes == 0
+    assert po.init(D, jax.random.key(0))["w"].addressable_shards[0].data.shape == (4, 4)

@@ -13,7 +13,8 @@ cheapest route from the input layout to a wanted output layout. Moves are:
   (one collective, whatever the number of mesh axes it moves);
 - split a replicated tensor axis over a free mesh axis (a local slice, no traffic).
 
-The cost of a route is (bytes each device sends, number of collectives). A sum of
+The cost of a route is (bytes each device sends, number of collectives, bytes of
+`Matrix` weights each device holds), compared in that order. A sum of
 operators is planned term by term from a common entry layout to the common exit
 layout that costs least in total. The planner knows nothing of JAX arrays: it reads
 shapes, dtypes and mesh axis sizes, and returns a `Plan` that `lower.py` runs.
@@ -21,6 +22,7 @@ shapes, dtypes and mesh axis sizes, and returns a `Plan` that `lower.py` runs.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -165,7 +167,12 @@ class Branch:
 
 
 Action = Union[Local, AllToAll, Split, Branch]
-Cost = tuple[float, int]  # (bytes sent per device, collectives)
+Cost = tuple[float, int, float]  # (bytes sent per device, collectives, weight bytes per device)
+FREE_MOVE: Cost = (0.0, 0, 0.0)
+
+
+def _add(a: Cost, b: Cost) -> Cost:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
 
 
 @dataclass(frozen=True)
@@ -202,26 +209,26 @@ class Planner:
         sizes_of = _memoise(lambda done: _sizes(prog, shape, done))
         itemsize_of = _memoise(lambda done: _itemsize(prog, done))
         start = (0, entry)
-        best: dict = {start: (0.0, 0)}
+        best: dict = {start: FREE_MOVE}
         back: dict = {}
-        heap = [(0.0, 0, 0, 0, entry)]
+        heap = [(FREE_MOVE, 0, 0, entry)]
         counter = itertools.count(1)
         finals: dict[Layout, Cost] = {}
         while heap:
-            b, c, _, done, layout = heapq.heappop(heap)
-            if best[(done, layout)] < (b, c):
+            here, _, done, layout = heapq.heappop(heap)
+            if best[(done, layout)] < here:
                 continue
             if done == full and layout not in finals:
-                finals[layout] = (b, c)
+                finals[layout] = here
                 if enough.met(finals):
                     break
-            for action, ndone, nlayout, db, dc in self._moves(prog, shape, done, layout, sizes_of, itemsize_of):
-                cost = (b + db, c + dc)
+            for action, ndone, nlayout, delta in self._moves(prog, shape, done, layout, sizes_of, itemsize_of):
+                cost = _add(here, delta)
                 state = (ndone, nlayout)
-                if cost < best.get(state, (math.inf, 0)):
+                if cost < best.get(state, (math.inf, 0, 0.0)):
                     best[state] = cost
                     back[state] = ((done, layout), action)
-                    heapq.heappush(heap, (cost[0], cost[1], next(counter), ndone, nlayout))
+                    heapq.heappush(heap, (cost, next(counter), ndone, nlayout))
         routes = {}
         for layout, cost in finals.items():
             actions, state = [], (full, layout)
@@ -254,9 +261,9 @@ class Planner:
                 g = self._splits(psum)
                 reduced = local * g / sizes[step.axes[0]]  # the block after its local sum
                 nbytes = 2 * reduced * itemsize * (g - 1) / g
-                yield Local(step, layout, psum, nbytes), done | bit, nlayout, nbytes, 1
+                yield Local(step, layout, psum, nbytes), done | bit, nlayout, (nbytes, 1, 0.0)
             else:
-                yield Local(step, layout), done | bit, nlayout, 0.0, 0
+                yield Local(step, layout), done | bit, nlayout, FREE_MOVE
         for src, axes in enumerate(layout):
             for k in range(1, len(axes) + 1):
                 moved = axes[-k:]
@@ -269,7 +276,7 @@ class Planner:
                         for a in range(len(layout))
                     )
                     nbytes = local * itemsize * (g - 1) / g
-                    yield AllToAll(moved, src, dst, nbytes, nlayout), done, nlayout, nbytes, 1
+                    yield AllToAll(moved, src, dst, nbytes, nlayout), done, nlayout, (nbytes, 1, 0.0)
         used = {n for axes in layout for n in axes}
         for name, size in self.mesh_shape.items():
             if name in used or size == 1:
@@ -277,7 +284,7 @@ class Planner:
             for dst in range(len(layout)):
                 if sizes[dst] % (self._splits(layout[dst]) * size) == 0:
                     nlayout = tuple(layout[a] + (name,) if a == dst else layout[a] for a in range(len(layout)))
-                    yield Split(name, dst, nlayout), done, nlayout, 0.0, 0
+                    yield Split(name, dst, nlayout), done, nlayout, FREE_MOVE
 
     def _dense(self, step, sizes, layout, ndone, local, itemsize):
         """A dense `Matrix` step: with its weight replicated on a whole axis, or, where
@@ -295,15 +302,16 @@ class Planner:
             parts[out_ax], parts[in_ax] = out_axes, in_axes
             return tuple(parts)
 
+        memory = math.prod(leaf.param_shape) * np.dtype(leaf.param_dtype).itemsize  # replicated
         if not split:
             if self.shard_weights is not True:
-                yield Local(step, layout), ndone, layout, 0.0, 0
+                yield Local(step, layout), ndone, layout, (0.0, 0, memory)
             if self.shard_weights:
                 used = {name for axes in layout for name in axes}
                 for name, size in self.mesh_shape.items():
                     if name not in used and size > 1 and m % size == 0:
                         yield (Local(step, layout, weight_split=weight(out_axes=(name,))), ndone,
-                               relayout((name,)), 0.0, 0)
+                               relayout((name,)), (0.0, 0, memory / size))
             return
         if not self.shard_weights:
             return
@@ -311,11 +319,11 @@ class Planner:
         partial = local * g / n * m * itemsize  # the block of partial sums on each device
         nbytes = 2 * partial * (g - 1) / g
         yield (Local(step, layout, split, nbytes, weight_split=weight(in_axes=split)), ndone,
-               relayout(()), nbytes, 1)
+               relayout(()), (nbytes, 1, memory / g))
         if m % g == 0:
             nbytes = partial * (g - 1) / g
             yield (Local(step, layout, split, nbytes, scatter=True, weight_split=weight(in_axes=split)),
-                   ndone, layout, nbytes, 1)
+                   ndone, layout, (nbytes, 1, memory / g))
 
     def _branch(self, step, sizes, layout, ndone):
         """The terms from `layout` to a common exit: `layout` itself or one of the
@@ -325,9 +333,8 @@ class Planner:
         routes = [self.explore(t, sizes, layout, Enough(layouts=frozenset(candidates))) for t in step.terms]
         for exit_ in set(routes[0]).intersection(*routes[1:]):
             parts = [r[exit_] for r in routes]
-            nbytes = sum(p.cost[0] for p in parts)
-            count = sum(p.cost[1] for p in parts)
-            yield Branch(step, tuple(p.actions for p in parts), exit_), ndone, exit_, nbytes, count
+            cost = functools.reduce(_add, (p.cost for p in parts))
+            yield Branch(step, tuple(p.actions for p in parts), exit_), ndone, exit_, cost
 
 
 @dataclass(frozen=True)
