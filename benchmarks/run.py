@@ -530,7 +530,7 @@ def sharded_matrix_groups(cfg: Config) -> list[Group]:
         θ = po.init(D, jax.random.key(0))
         xs = jax.device_put(x, D.in_sharding)
         grad = jax.jit(jax.value_and_grad(lambda θ, x, D=D: jnp.sum(jnp.square(D(θ) @ x))))
-        name = "sharded weight (row-parallel)" if mode else "replicated weight (activations move)"
+        name = "parop, sharded weight (row-parallel)" if mode else "parop, replicated weight (activations move)"
         candidates.append(Candidate(name, lambda grad=grad, θ=θ, xs=xs: grad(θ, xs)[0]))
         w_bytes = θ["w"].addressable_shards[0].data.nbytes
         rows.append(f"{name}: plan sends {D.plan.bytes / 1024:.0f} KiB/device forward, "
@@ -538,7 +538,7 @@ def sharded_matrix_groups(cfg: Config) -> list[Group]:
     w = np.asarray(po.init(op, jax.random.key(0))["w"], np.float64)
     g = Group("g", f"Matrix {m}x{n} on ({n}, {b}) split (8, 1): value of sum((W x)²) + grad", candidates,
               lambda: np.float64(np.sum(np.square(w @ x.astype(np.float64)))),
-              yardstick="replicated weight (activations move)", tol=1e-4)
+              yardstick="parop, replicated weight (activations move)", tol=1e-4)
     g.notes.extend(rows)
     return [g]
 

@@ -88,7 +88,8 @@ def test_seed_c_weight_sharing_over_a_batch_axis():
     x = jnp.asarray(random_array(np.random.default_rng(0), (20, 100), np.float32))
     np.testing.assert_allclose(np.asarray(D(θ) @ x), np.asarray(M(θ) @ x), rtol=1e-5, atol=1e-5)
     loss = lambda op: (lambda θ: jnp.sum((op(θ) @ x) ** 2))
-    np.testing.assert_allclose(np.asarray(jax.grad(loss(D))(θ)["w"]), np.asarray(jax.grad(loss(M))(θ)["w"]), rtol=1e-4)
+    want = np.asarray(jax.grad(loss(M))(θ)["w"])
+    np.testing.assert_allclose(np.asarray(jax.grad(loss(D))(θ)["w"]), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
     assert D.plan.collectives() == {"all_to_all": 0, "psum": 0}
     assert θ["w"].sharding.is_fully_replicated
 

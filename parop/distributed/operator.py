@@ -136,15 +136,14 @@ class DistributedOperator(Operator):
 
     def _default_batch(self) -> tuple[int, ...]:
         """The batch shape whose plan `D.plan` and `po.init(D)` use: the only one without
-        batch axes, else the last one planned (or, before any call, sizes every split
-        divides)."""
+        batch axes, else the last one planned (or, before any call, a large batch that
+        every split divides: 1024 per device)."""
         if self.n_batch == 0:
             return ()
         if self._plans:
             return next(reversed(self._plans))
         source = self if self._adjoint_of is None else self._adjoint_of
-        total = math.prod(self.mesh.shape.values())
-        return tuple(p * total for p in split_sizes(source._in, self.mesh.shape)[source.op.ndim:])
+        return tuple(p * 1024 for p in split_sizes(source._in, self.mesh.shape)[source.op.ndim:])
 
     @property
     def plan(self) -> Plan:

@@ -14,7 +14,9 @@ cheapest route from the input layout to a wanted output layout. Moves are:
 - split a replicated tensor axis over a free mesh axis (a local slice, no traffic).
 
 The cost of a route is (bytes each device sends, number of collectives, bytes of
-`Matrix` weights each device holds), compared in that order. A sum of
+`Matrix` weights each device holds), compared in that order. The bytes include the
+all-reduce that a `Matrix` weight's gradient needs over the devices that hold the
+same weight (or shard) but different data: parop plans for training. A sum of
 operators is planned term by term from a common entry layout to the common exit
 layout that costs least in total. The planner knows nothing of JAX arrays: it reads
 shapes, dtypes and mesh axis sizes, and returns a `Plan` that `lower.py` runs.
@@ -303,15 +305,23 @@ class Planner:
             return tuple(parts)
 
         memory = math.prod(leaf.param_shape) * np.dtype(leaf.param_dtype).itemsize  # replicated
+        # each device's data differ over the split mesh axes, so a weight (or weight shard)
+        # held by r of them has its gradient all-reduced over those r: count those bytes too
+        varying = self._splits(tuple(name for axes in layout for name in axes))
+
+        def cost(nbytes: float, count: int, shards: int, replicas: int) -> Cost:
+            grad = 2 * memory / shards * (replicas - 1) / replicas
+            return (nbytes + grad, count, memory / shards)
+
         if not split:
             if self.shard_weights is not True:
-                yield Local(step, layout), ndone, layout, (0.0, 0, memory)
+                yield Local(step, layout), ndone, layout, cost(0.0, 0, 1, varying)
             if self.shard_weights:
                 used = {name for axes in layout for name in axes}
                 for name, size in self.mesh_shape.items():
                     if name not in used and size > 1 and m % size == 0:
                         yield (Local(step, layout, weight_split=weight(out_axes=(name,))), ndone,
-                               relayout((name,)), (0.0, 0, memory / size))
+                               relayout((name,)), cost(0.0, 0, size, varying))
             return
         if not self.shard_weights:
             return
@@ -319,11 +329,11 @@ class Planner:
         partial = local * g / n * m * itemsize  # the block of partial sums on each device
         nbytes = 2 * partial * (g - 1) / g
         yield (Local(step, layout, split, nbytes, weight_split=weight(in_axes=split)), ndone,
-               relayout(()), (nbytes, 1, memory / g))
+               relayout(()), cost(nbytes, 1, g, varying // g))
         if m % g == 0:
             nbytes = partial * (g - 1) / g
             yield (Local(step, layout, split, nbytes, scatter=True, weight_split=weight(in_axes=split)),
-                   ndone, layout, (nbytes, 1, memory / g))
+                   ndone, layout, cost(nbytes, 1, g, varying // g))
 
     def _branch(self, step, sizes, layout, ndone):
         """The terms from `layout` to a common exit: `layout` itself or one of the
@@ -402,8 +412,8 @@ class Plan:
 
     @property
     def bytes(self) -> float:
-        """Bytes each device sends in one application."""
-        return self.route.cost[0]
+        """Bytes each device sends in one application (forward)."""
+        return sum(a.bytes for a in _walk(self.actions) if isinstance(a, (AllToAll, Local)))
 
     def collectives(self) -> dict[str, int]:
         """How many of each collective the program runs."""
