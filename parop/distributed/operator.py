@@ -179,8 +179,22 @@ class DistributedOperator(Operator):
         θ = {} if θ is None else θ
         if not isinstance(θ, Mapping):
             check_params(self, θ)  # raises the TypeError
-        weights = {name: θ[name] for name in self.parameters if name in θ}
-        return self._call(weights, x)
+        weights = {name: self._onto_mesh(θ[name], lambda: self.param_shardings()[name])
+                   for name in self.parameters if name in θ}
+        tensor = lambda: self.in_sharding if np.ndim(x) == self.op.ndim + self.n_batch \
+            else NamedSharding(self.mesh, PartitionSpec())  # noqa: E731  (flat input)
+        return self._call(weights, self._onto_mesh(x, tensor))
+
+    def _onto_mesh(self, value, sharding):
+        """`value` itself where `jit` can take it with this mesh's arrays (uncommitted,
+        already on the mesh, or a tracer); else moved to `sharding()` first (an array
+        committed to other devices or another mesh)."""
+        if not isinstance(value, jax.Array) or isinstance(value, jax.core.Tracer) or not value.committed:
+            return value
+        placed = value.sharding
+        if isinstance(placed, NamedSharding) and placed.mesh == self.mesh:
+            return value
+        return jax.device_put(value, sharding())
 
     @property
     def _call(self):
