@@ -65,6 +65,8 @@ def out_dtype(flow: Flow, dtype: np.dtype, given: np.dtype) -> np.dtype | None:
 
     Returns `None` when the operator cannot take `given`.
     """
+    if not is_float(given):
+        return None  # integer or boolean data is cast first (`Operator.apply`)
     same_precision = real_of(given) == real_of(dtype)
     if flow is Flow.ANY:
         return given

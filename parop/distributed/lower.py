@@ -38,10 +38,11 @@ def _fuse_ffts(actions: tuple[Action, ...]) -> list:
     out: list = []
     for action in actions:
         leaf = action.step.leaf if isinstance(action, Local) and not action.psum else None
-        if leaf is not None and out and isinstance(out[-1], list) and dft.fusable(out[-1], leaf):
-            out[-1].append((leaf, action.step.axes[0]))
-        elif leaf is not None and dft.fusable([], leaf):
-            out.append([(leaf, action.step.axes[0])])
+        axis = action.step.axes[0] if leaf is not None else None
+        if leaf is not None and out and isinstance(out[-1], list) and dft.fusable(out[-1], leaf, axis):
+            out[-1].append((leaf, axis))
+        elif leaf is not None and dft.fusable([], leaf, axis):
+            out.append([(leaf, axis)])
         else:
             out.append(action)
     return out

@@ -122,14 +122,16 @@ class DistributedOperator(Operator):
         if out is not None:
             return lambda layout: layout == out
         out_shape = self.range_shape + shape[self.op.ndim:]
-        kept = [axes if n % math.prod(self.mesh.shape[m] for m in axes) == 0 else None
+        # an axis keeps its split where the output size allows; a split an axis cannot
+        # keep goes where it costs least (after the kept split of another axis)
+        kept = [axes if axes and n % math.prod(self.mesh.shape[m] for m in axes) == 0 else None
                 for axes, n in zip(in_layout, out_shape)]
-        reduced = {m for axes, n, k in zip(in_layout, out_shape, kept) if k is None and n == 1 for m in axes}
+        reduced = {m for axes, n in zip(in_layout, out_shape) if n == 1 for m in axes}
         replicated = set(self.mesh.axis_names) - {m for axes in in_layout for m in axes}
 
         def accept(layout):
             used = {m for axes in layout for m in axes}
-            return (all(k is None or k == axes for k, axes in zip(kept, layout))
+            return (all(k is None or axes[:len(k)] == k for k, axes in zip(kept, layout))
                     and not used & (reduced | replicated))
 
         return accept

@@ -338,8 +338,10 @@ class Planner:
     def _branch(self, step, sizes, layout, ndone):
         """The terms from `layout` to a common exit: `layout` itself or one of the
         terms' own cheapest exits, whichever costs least in total."""
-        candidates = {layout} | {next(iter(self.explore(t, sizes, layout, Enough(count=1))))
-                                 for t in step.terms}
+        cheapest = [self.explore(t, sizes, layout, Enough(count=1)) for t in step.terms]
+        if not all(cheapest):
+            return  # some term cannot run from this layout
+        candidates = {layout} | {next(iter(c)) for c in cheapest}
         routes = [self.explore(t, sizes, layout, Enough(layouts=frozenset(candidates))) for t in step.terms]
         for exit_ in set(routes[0]).intersection(*routes[1:]):
             parts = [r[exit_] for r in routes]

@@ -100,14 +100,16 @@ class InverseDFT(Leaf):
         return self.of
 
 
-def fusable(run: list, leaf) -> bool:
-    """Whether `leaf` can join `run`, a list of `(DFT or InverseDFT, axis)` applied in
-    order, in one multi-axis FFT: same class and norm, and the real axis where
-    `rfftn` (first) or `irfftn` (last) puts it."""
+def fusable(run: list, leaf, axis: int) -> bool:
+    """Whether `leaf` on `axis` can join `run`, a list of `(DFT or InverseDFT, axis)`
+    applied in order, in one multi-axis FFT: another axis, the same class and norm,
+    and the real axis where `rfftn` (first) or `irfftn` (last) puts it."""
     if not isinstance(leaf, (DFT, InverseDFT)):
         return False
     if not run:
         return True
+    if any(a == axis for _, a in run):
+        return False
     first = run[0][0]
     if type(leaf) is not type(first) or leaf.norm != first.norm:
         return False
