@@ -6,7 +6,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import parop as po
 from parop.datasets import darcy_flow
 from parop.nn import FNO, UnitGaussianNormalizer, fit, relative_l2
 

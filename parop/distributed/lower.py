@@ -11,12 +11,11 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ..operators import dft
-from .layout import Layout, spec_of
+from .layout import spec_of
 from .plan import Action, AllToAll, Branch, Local, Plan, Split, _walk
 
 

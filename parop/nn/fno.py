@@ -144,27 +144,30 @@ class FNO:
         The Fourier layers are alike, so they share one *steady* layout S: the first
         layer goes from the input layout to S, every later one from S to S, and the
         projection back to the input layout. S is the exit of the first layer (among its
-        8 cheapest) that minimises the cost of all layers together.
+        4 cheapest) that minimises the cost of all layers together.
         """
         lift = distribute(self.ops["lift"], partition, mesh=mesh)
         mesh, spec = lift.mesh, lift.in_sharding.spec
         first, *rest = self.ops["layers"]
 
         def total(exit_layout, first_cost):
+            """The planner's cost of all layers with `exit_layout` as the steady layout."""
             if not rest:
                 return first_cost
             try:
                 steady = distribute(rest[0], spec_of(exit_layout), mesh=mesh, out_partition=spec_of(exit_layout))
             except ValueError:
                 return None
-            return (first_cost[0] + len(rest) * steady.plan.bytes,
-                    first_cost[1] + len(rest) * steady.plan.route.cost[1])
+            return tuple(f + len(rest) * c for f, c in zip(first_cost, steady.plan.route.cost))
 
         shape = first.domain_shape
         exits = make_plan(first, shape, layout_of(spec, len(shape), mesh, "FNO.distribute"), mesh.shape,
                           lambda layout: True, "FNO.distribute", exits=4).exits
-        scored = [(total(layout, cost), str(layout), layout) for layout, cost in sorted(exits.items(), key=lambda e: e[1])[:4]]
-        _, _, steady = min(s for s in scored if s[0] is not None)
+        scored = [(cost, str(layout), layout) for layout, first_cost in sorted(exits.items(), key=lambda e: e[1])[:4]
+                  if (cost := total(layout, first_cost)) is not None]
+        if not scored:
+            raise ValueError(f"FNO.distribute: no layout lets every Fourier layer run from it on partition {partition}")
+        _, _, steady = min(scored)
         steady_spec = spec_of(steady)
         layers = [distribute(op, spec if k == 0 else steady_spec, mesh=mesh, out_partition=steady_spec)
                   for k, op in enumerate(self.ops["layers"])]
