@@ -30,6 +30,24 @@ def _nearest_multiples(n: int, p: int) -> str:
     return f"{lower} or {lower + p}" if lower else f"{p}"
 
 
+def check_splits(shape, layout: Layout, mesh: Mesh, where: str) -> None:
+    """A `ValueError` naming the axis, its size, the split and the sizes that work where
+    `layout` splits an axis of `shape` unevenly (parop rejects uneven sizes)."""
+    for axis, (n, p) in enumerate(zip(shape, split_sizes(layout, mesh.shape))):
+        if n % p:
+            raise ValueError(
+                f"{where}: input axis {axis} of size {n} cannot be split in {p}: use a size "
+                f"divisible by {p} ({_nearest_multiples(n, p)}), or split it in one of {_divisors(n)}"
+            )
+
+
+def place(value, sharding: NamedSharding) -> jax.Array:
+    """`value`, the same on every process, as a global array with `sharding` (each
+    process fills its own shards, so this works with several processes too)."""
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 class DistributedOperator(Operator):
     """An operator run as one `shard_map` program over a device mesh: the same linear
     map as `op` on global arrays. Made by `po.distribute`.
@@ -105,13 +123,7 @@ class DistributedOperator(Operator):
         else:
             in_layout = self._in
             accept = self._acceptor(in_layout, shape)
-        for axis, (n, p) in enumerate(zip(shape, split_sizes(in_layout, self.mesh.shape))):
-            if n % p:
-                raise ValueError(
-                    f"{self._where}: input axis {axis} of size {n} cannot be split in {p}: use a "
-                    f"size divisible by {p} ({_nearest_multiples(n, p)}), or split it in one of "
-                    f"{_divisors(n)}"
-                )
+        check_splits(shape, in_layout, self.mesh, self._where)
         return make_plan(self.op, shape, in_layout, self.mesh.shape, accept, self._where,
                          shard_weights=self.shard_weights)
 
@@ -215,13 +227,8 @@ class DistributedOperator(Operator):
 
 @init.register
 def _(op: DistributedOperator, key: jax.Array) -> dict[str, jax.Array]:
-    values = init(op.op, key)
     shardings = op.param_shardings()
-    out = {}
-    for name, value in values.items():
-        host = np.asarray(value)
-        out[name] = jax.make_array_from_callback(host.shape, shardings[name], lambda index: host[index])
-    return out
+    return {name: place(value, shardings[name]) for name, value in init(op.op, key).items()}
 
 
 def distribute(
@@ -274,12 +281,7 @@ def distribute(
             mesh, in_layout = default_mesh(partition, where)
         else:
             in_layout = layout_on_mesh(partition, mesh, where)
-    for axis, (n, p) in enumerate(zip(op.domain_shape, split_sizes(in_layout, mesh.shape))):
-        if n % p:
-            raise ValueError(
-                f"{where}: axis {axis} of size {n} cannot be split in {p}: use a size divisible "
-                f"by {p} ({_nearest_multiples(n, p)}), or split it in one of {_divisors(n)}"
-            )
+    check_splits(op.domain_shape, in_layout, mesh, where)  # batch axes: at the first call
     out: str | Layout | None
     if out_partition is None or out_partition == "auto":
         out = out_partition

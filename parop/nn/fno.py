@@ -14,13 +14,13 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import _dtypes
 from ..algebra import kron
 from ..distributed import DistributedOperator, distribute
 from ..distributed.layout import layout_of, spec_of
+from ..distributed.operator import place
 from ..distributed.plan import make_plan
 from ..operator import Operator
 from ..operators import DFT, Identity, Matrix, PerModeMatrix, Restriction
@@ -188,9 +188,5 @@ def _bias(b: jax.Array) -> jax.Array:
 
 
 def _place(value: jax.Array, sharding) -> jax.Array:
-    """`value` placed with `sharding` (works with several processes too); as it is for
-    a serial model (`sharding` None)."""
-    if not sharding:
-        return value
-    host = np.asarray(value)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    """`value` placed with `sharding`; as it is for a serial model (`sharding` None)."""
+    return place(value, sharding) if sharding else value
