@@ -539,14 +539,13 @@ DISTRIBUTED_FNO = [
     print("distributed vs serial, max relative difference:", float(jnp.abs(y_dist - y_serial).max() / jnp.abs(y_serial).max()))
     '''),
     md("""
-    One Fourier layer's plan (the second; the first also moves the input's split to the
-    layout the layers share, and the others look like this one). The spectral convolution
-    and the skip connection are the two terms of a sum. The split of `y` has moved to the
-    batch axis, where it costs nothing, so the real FFT on `y` runs locally; one
-    `all_to_all` moves the `x` split onto the channels for the FFT on `x`; after the
-    restriction to the low modes another puts it back on the (12) `x` modes, so the
-    `PerModeMatrix`, which needs the channels whole, runs with its weights split with their
-    modes; the way back mirrors the way in.
+    One Fourier layer's plan (all four are alike: the lifting has already moved the input's
+    split to the layout they share, `x` split 8 ways). The spectral convolution and the skip
+    connection are the two terms of a sum. The real FFT on `y` runs locally; after the
+    restriction to 7 modes, one `all_to_all` moves the `x` split onto them (padded with a
+    zero mode to 8, one per device), so the FFT on `x` runs locally and the
+    `PerModeMatrix` mixes the channels of each device's modes; a second `all_to_all` puts
+    the split back on `x` for the inverse real FFT. Two per layer, as in dfno.
     """),
     code('''
     print(dist.ops["layers"][1].plan)

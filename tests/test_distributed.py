@@ -187,6 +187,35 @@ def test_per_mode_weights_stay_sharded_with_their_modes():
     np.testing.assert_allclose(np.asarray(D(θ) @ x), np.asarray(W(θ) @ x), atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_split_goes_onto_an_axis_it_does_not_divide_padded_with_zeros(dtype):
+    # an FNO's case: the 7 modes kept on a real-FFT axis take the other axis's 8-way split
+    cdtype = {"float32": "complex64", "float64": "complex128"}[dtype]
+    down = po.kron(po.DFT(16, cdtype), po.Restriction(9, slice(0, 7)) @ po.DFT(16, dtype))
+    op = po.kron(po.DFT(16, cdtype).inverse(), po.Diagonal(7, cdtype, name="d")) @ down
+    D = po.distribute(op, (8, 1))
+    assert D.plan.collectives() == {"all_to_all": 2, "psum": 0}
+    assert "axis 1 padded with 1 zeros" in str(D.plan) and "axis 1 cropped to 7" in str(D.plan)
+    θ = random_params(op)
+    x = jnp.asarray(random_array(np.random.default_rng(1), (16, 16), dtype))
+    tol = {"float32": 1e-5, "float64": 1e-12}[dtype]
+    y, want = D(θ) @ x, op(θ) @ x
+    np.testing.assert_allclose(np.asarray(y), np.asarray(want), atol=tol * float(jnp.abs(want).max()))
+    assert y.sharding.is_equivalent_to(D.out_sharding, 2) and D.out_sharding.spec == P("d0", None)
+    assert po.testing.dot_test(D, θ) < 100 * tol
+    c = jnp.asarray(random_array(np.random.default_rng(2), y.shape, y.dtype))
+    loss = lambda A: (lambda θ, x: jnp.real(jnp.vdot(c, A(θ) @ x)))  # noqa: E731
+    for g, r in zip(jax.grad(loss(D), argnums=(0, 1))(θ, x), jax.grad(loss(op), argnums=(0, 1))(θ, x)):
+        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(r)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol * float(jnp.abs(b).max()))
+    text = hlo(D, x, θ["d"])
+    assert collectives(text) == {"all-to-all": 2, "all-gather": 0, "all-reduce": 0, "collective-permute": 0}
+    # a sharding must divide the array: the weight is kept whole, and padded and sliced in the program
+    placed = po.init(D, jax.random.key(0))["d"]
+    assert placed.sharding.spec == P(None) and D._program(())[1] == [("d", P("d0"))]
+    np.testing.assert_array_equal(np.asarray(placed), np.asarray(po.init(op, jax.random.key(0))["d"]))
+
+
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
 def test_user_mesh_and_partition_spec(axis_type):
     mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(axis_type, axis_type))

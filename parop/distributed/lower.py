@@ -8,9 +8,11 @@ sums the gradient of a replicated weight over the devices.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
@@ -54,7 +56,10 @@ def _run(actions: tuple[Action, ...], x: jax.Array, weights: dict, mesh: Mesh) -
             continue
         if isinstance(action, AllToAll):
             name = action.axes if len(action.axes) > 1 else action.axes[0]
+            x = _pad(x, action.dst, action.pad)
             x = lax.all_to_all(x, name, split_axis=action.dst, concat_axis=action.src, tiled=True)
+            if action.crop:
+                x = lax.slice_in_dim(x, 0, action.crop, axis=action.src)
         elif isinstance(action, Split):
             size = x.shape[action.dst] // mesh.shape[action.axis]
             start = lax.axis_index(action.axis) * size
@@ -77,6 +82,33 @@ def _run(actions: tuple[Action, ...], x: jax.Array, weights: dict, mesh: Mesh) -
             elif action.psum:
                 x = lax.psum(x, action.psum)
     return x
+
+
+def _pad(x: jax.Array, axis: int, count: int) -> jax.Array:
+    """`x` with `count` zeros appended along `axis`."""
+    if not count:
+        return x
+    return jnp.pad(x, [(0, count if a == axis else 0) for a in range(x.ndim)])
+
+
+def _splits(entry, mesh: Mesh) -> int:
+    names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+    return math.prod(mesh.shape[n] for n in names)
+
+
+def stored_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """Where a weight that the program takes as `spec` is kept: the same, but whole
+    along axes that `spec` splits unevenly (a sharding must divide the array; the
+    program pads such a weight with zeros and slices it locally)."""
+    entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+    return PartitionSpec(*(e if n % _splits(e, mesh) == 0 else None for e, n in zip(entries, shape)))
+
+
+def _padded_weight(w: jax.Array, spec: PartitionSpec, mesh: Mesh) -> jax.Array:
+    """`w` padded with zeros to a multiple of its split along every axis of `spec`."""
+    for axis, entry in enumerate(spec):
+        w = _pad(w, axis, -w.shape[axis] % _splits(entry, mesh))
+    return w
 
 
 def _spec(action: Local, leaf) -> PartitionSpec:
@@ -113,7 +145,7 @@ def lower(plan: Plan, mesh: Mesh) -> tuple[Callable, list[tuple[str, PartitionSp
     @jax.jit
     def run(x, *ws):
         x = place(x, NamedSharding(mesh, in_spec))
-        ws = [place(w, NamedSharding(mesh, s)) for w, (_, s) in zip(ws, specs)]
+        ws = [place(_padded_weight(w, s, mesh), NamedSharding(mesh, s)) for w, (_, s) in zip(ws, specs)]
         return program(x, *ws)
 
     return run, specs

@@ -15,7 +15,7 @@ from .layout import (
     Layout, check_partition, default_mesh, layout_for_counts, layout_of, layout_on_mesh, sharding,
     split_sizes,
 )
-from .lower import lower
+from .lower import lower, stored_spec
 from .plan import Plan, make_plan
 
 OutPartition = None | Literal["auto"] | tuple | PartitionSpec
@@ -174,11 +174,13 @@ class DistributedOperator(Operator):
 
     def param_shardings(self) -> dict[str, NamedSharding]:
         """Where `po.init(D, key)` puts each weight: split as the axes it runs along
-        (where it is first used), replicated where its operator needs it whole."""
+        (where it is first used), replicated where its operator needs it whole
+        (or where its split is uneven: see `stored_spec`)."""
         _, specs = self._program(self._default_batch())
         out: dict[str, NamedSharding] = {}
         for name, spec in specs:
-            out.setdefault(name, NamedSharding(self.mesh, spec))
+            shape = self.parameters[name].param_shape
+            out.setdefault(name, NamedSharding(self.mesh, stored_spec(spec, shape, self.mesh)))
         for name in self.parameters:
             out.setdefault(name, NamedSharding(self.mesh, PartitionSpec()))
         return out

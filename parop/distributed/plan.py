@@ -10,13 +10,23 @@ cheapest route from the input layout to a wanted output layout. Moves are:
 - run a step whose axes are as it needs them (a `LOCAL` axis unsplit); a `Reduce`
   over a split axis sums locally and `psum`s, leaving its mesh axes replicated;
 - `all_to_all`: move the minor-most mesh axes of one tensor axis to another one
-  (one collective, whatever the number of mesh axes it moves);
+  (one collective, whatever the number of mesh axes it moves). Where the target
+  axis is whole and its size is not a multiple of the split (the 7 modes an FNO keeps
+  on a real-FFT axis, over 8 devices), it is padded with zeros to the next multiple
+  (less than doubled); a padded axis takes only steps that act on each index alone
+  (`Diagonal`, `PerModeMatrix` modes, `Reduce`), keeps its zeros through them, and
+  is cropped when its split moves away whole. Inputs and outputs are never padded;
+  JAX arrays must split evenly.
 - split a replicated tensor axis over a free mesh axis (a local slice, no traffic).
 
-The cost of a route is (bytes each device sends, number of collectives, bytes of
-`Matrix` weights each device holds), compared in that order. The bytes include the
-all-reduce that a `Matrix` weight's gradient needs over the devices that hold the
-same weight (or shard) but different data: parop plans for training. A sum of
+The cost of a route is an estimate of its time in bytes: the bytes each device
+sends plus `LATENCY_BYTES` (1 MiB) per collective, about what a collective's
+start-up is worth on GPU interconnects and between this library's forced CPU
+devices; ties go to fewer bytes, then fewer collectives, then fewer weight bytes per
+device. parop plans for training, so the bytes and collectives include the
+gradient traffic of weights: an all-reduce over the devices that hold the same
+weight (or shard) but different data, and a gather where a weight runs along a
+padded axis (a sharding must divide the array, so it is kept whole there). A sum of
 operators is planned term by term from a common entry layout to the common exit
 layout that costs least in total. The planner knows nothing of JAX arrays: it reads
 shapes, dtypes and mesh axis sizes, and returns a `Plan` that `lower.py` runs.
@@ -141,13 +151,16 @@ class Local:
 
 @dataclass(frozen=True)
 class AllToAll:
-    """Move mesh axes `axes` (the minor end of tensor axis `src`) onto axis `dst`."""
+    """Move mesh axes `axes` (the minor end of tensor axis `src`) onto axis `dst`;
+    first append `pad` zeros to `dst`, after crop `src` to `crop` (if not 0)."""
 
     axes: tuple[str, ...]
     src: int
     dst: int
     bytes: float
     layout: Layout  # after the move
+    pad: int = 0
+    crop: int = 0
 
 
 @dataclass(frozen=True)
@@ -169,12 +182,20 @@ class Branch:
 
 
 Action = Union[Local, AllToAll, Split, Branch]
-Cost = tuple[float, int, float]  # (bytes sent per device, collectives, weight bytes per device)
-FREE_MOVE: Cost = (0.0, 0, 0.0)
+# (estimated time in bytes, bytes sent per device, collectives, weight bytes per device)
+Cost = tuple[float, float, int, float]
+LATENCY_BYTES = float(1 << 20)  # what a collective's start-up costs, in bytes sent
+
+
+def _cost(nbytes: float = 0.0, count: int = 0, held: float = 0.0) -> Cost:
+    return (nbytes + LATENCY_BYTES * count, nbytes, count, held)
+
+
+FREE_MOVE: Cost = _cost()
 
 
 def _add(a: Cost, b: Cost) -> Cost:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+    return tuple(x + y for x, y in zip(a, b))
 
 
 @dataclass(frozen=True)
@@ -220,14 +241,14 @@ class Planner:
             here, _, done, layout = heapq.heappop(heap)
             if best[(done, layout)] < here:
                 continue
-            if done == full and layout not in finals:
+            if done == full and layout not in finals and not self._padded(sizes_of(full), layout):
                 finals[layout] = here
                 if enough.met(finals):
                     break
             for action, ndone, nlayout, delta in self._moves(prog, shape, done, layout, sizes_of, itemsize_of):
                 cost = _add(here, delta)
                 state = (ndone, nlayout)
-                if cost < best.get(state, (math.inf, 0, 0.0)):
+                if cost < best.get(state, (math.inf,)):
                     best[state] = cost
                     back[state] = ((done, layout), action)
                     heapq.heappush(heap, (cost, next(counter), ndone, nlayout))
@@ -240,9 +261,16 @@ class Planner:
             routes[layout] = Route(cost, tuple(reversed(actions)))
         return routes
 
+    def _padded(self, sizes: tuple[int, ...], layout: Layout) -> frozenset[int]:
+        """The axes whose split does not divide their size (held padded with zeros)."""
+        return frozenset(a for a, (n, axes) in enumerate(zip(sizes, layout)) if n % self._splits(axes))
+
     def _moves(self, prog, shape, done, layout, sizes_of, itemsize_of):
         sizes, itemsize = sizes_of(done), itemsize_of(done)
-        local = math.prod(sizes) / self._splits(tuple(n for axes in layout for n in axes))
+        splits = [self._splits(axes) for axes in layout]
+        blocks = [-(-n // p) for n, p in zip(sizes, splits)]  # a padded axis's block holds its zeros too
+        padded = self._padded(sizes, layout)
+        local = math.prod(blocks)
         for j, step in enumerate(prog.steps):
             bit = 1 << j
             if done & bit or prog.preds[j] & ~done:
@@ -251,34 +279,44 @@ class Planner:
                 yield from self._branch(step, sizes, layout, done | bit)
                 continue
             if step.leaf is not None and step.leaf.dense_axes is not None:
-                yield from self._dense(step, sizes, layout, done | bit, local, itemsize)
+                if step.axes[0] not in padded:
+                    yield from self._dense(step, sizes, layout, done | bit, local, itemsize)
                 continue
             roles = step.leaf.roles if step.leaf is not None else ()
-            if any(r is Role.LOCAL and layout[a] for a, r in zip(step.axes, roles)):
+            if any(r is Role.LOCAL and layout[a] or a in padded and r not in (Role.POINTWISE, Role.REDUCE)
+                   for a, r in zip(step.axes, roles)):
                 continue
             psum = tuple(n for a, r in zip(step.axes, roles) if r is Role.REDUCE for n in layout[a])
             nlayout = tuple(() if a in step.axes and roles[step.axes.index(a)] is Role.REDUCE else axes
                             for a, axes in enumerate(layout))
+            grad, grads, held = self._pointwise_weight(step, layout, padded)
             if psum:
                 g = self._splits(psum)
-                reduced = local * g / sizes[step.axes[0]]  # the block after its local sum
+                reduced = local / blocks[step.axes[0]]  # the block after its local sum
                 nbytes = 2 * reduced * itemsize * (g - 1) / g
-                yield Local(step, layout, psum, nbytes), done | bit, nlayout, (nbytes, 1, 0.0)
+                yield (Local(step, layout, psum, nbytes), done | bit, nlayout,
+                       _cost(nbytes + grad, 1 + grads, held))
             else:
-                yield Local(step, layout), done | bit, nlayout, FREE_MOVE
+                yield Local(step, layout), done | bit, nlayout, _cost(grad, grads, held)
         for src, axes in enumerate(layout):
             for k in range(1, len(axes) + 1):
+                if src in padded and k < len(axes):
+                    continue  # a padded axis gives up its whole split, and is cropped
                 moved = axes[-k:]
                 g = self._splits(moved)
                 for dst in range(len(layout)):
-                    if dst == src or sizes[dst] % (self._splits(layout[dst]) * g):
+                    if dst == src:
                         continue
+                    pad = -sizes[dst] % (splits[dst] * g)
+                    if pad and (layout[dst] or pad >= sizes[dst]):
+                        continue  # pad only a whole axis, and less than doubling it
                     nlayout = tuple(
                         axes[:-k] if a == src else layout[a] + moved if a == dst else layout[a]
                         for a in range(len(layout))
                     )
-                    nbytes = local * itemsize * (g - 1) / g
-                    yield AllToAll(moved, src, dst, nbytes, nlayout), done, nlayout, (nbytes, 1, 0.0)
+                    nbytes = local / blocks[dst] * (blocks[dst] + pad) * itemsize * (g - 1) / g
+                    crop = sizes[src] if src in padded else 0
+                    yield AllToAll(moved, src, dst, nbytes, nlayout, pad, crop), done, nlayout, _cost(nbytes, 1)
         used = {n for axes in layout for n in axes}
         for name, size in self.mesh_shape.items():
             if name in used or size == 1:
@@ -287,6 +325,29 @@ class Planner:
                 if sizes[dst] % (self._splits(layout[dst]) * size) == 0:
                     nlayout = tuple(layout[a] + (name,) if a == dst else layout[a] for a in range(len(layout)))
                     yield Split(name, dst, nlayout), done, nlayout, FREE_MOVE
+
+    @staticmethod
+    def _weight(leaf: Leaf, shards: int, replicas: int, gathered: int = 1) -> tuple[float, int, float]:
+        """(gradient bytes each device sends, gradient collectives, weight bytes it holds) for `leaf`'s weight
+        kept in `shards` pieces and used in `shards * gathered` (`gathered` > 1 where it
+        runs along padded axes, along which it is kept whole), each piece by `replicas`
+        devices with different data. parop plans for training: those replicas all-reduce
+        the piece's gradient, and a gathered weight's gradient pieces are then gathered."""
+        memory = math.prod(leaf.param_shape) * np.dtype(leaf.param_dtype).itemsize
+        piece = memory / (shards * gathered)
+        grad = 2 * piece * (replicas - 1) / replicas + piece * (gathered - 1)
+        return grad, (replicas > 1) + (gathered > 1), memory / shards
+
+    def _pointwise_weight(self, step: Step, layout: Layout, padded: frozenset[int]) -> tuple[float, int, float]:
+        """`_weight` for a leaf whose weight is split as the tensor axes it runs along."""
+        leaf = step.leaf
+        if leaf is None or not leaf.param_shape:
+            return 0.0, 0, 0.0
+        along = [step.axes[0] + a for a in leaf.param_axes if a is not None]
+        shards = self._splits(tuple(n for a in along if a not in padded for n in layout[a]))
+        gathered = self._splits(tuple(n for a in along if a in padded for n in layout[a]))
+        varying = self._splits(tuple(n for axes in layout for n in axes))
+        return self._weight(leaf, shards, varying // (shards * gathered), gathered)
 
     def _dense(self, step, sizes, layout, ndone, local, itemsize):
         """A dense `Matrix` step: with its weight replicated on a whole axis, or, where
@@ -304,14 +365,14 @@ class Planner:
             parts[out_ax], parts[in_ax] = out_axes, in_axes
             return tuple(parts)
 
-        memory = math.prod(leaf.param_shape) * np.dtype(leaf.param_dtype).itemsize  # replicated
+
         # each device's data differ over the split mesh axes, so a weight (or weight shard)
-        # held by r of them has its gradient all-reduced over those r: count those bytes too
+        # held by r of them has its gradient all-reduced over those r
         varying = self._splits(tuple(name for axes in layout for name in axes))
 
         def cost(nbytes: float, count: int, shards: int, replicas: int) -> Cost:
-            grad = 2 * memory / shards * (replicas - 1) / replicas
-            return (nbytes + grad, count, memory / shards)
+            grad, grads, held = self._weight(leaf, shards, replicas)
+            return _cost(nbytes + grad, count + grads, held)
 
         if not split:
             if self.shard_weights is not True:
@@ -475,9 +536,11 @@ def _action_lines(actions, indent: str) -> list[str]:
     lines = []
     for action in actions:
         if isinstance(action, AllToAll):
+            padding = f", axis {action.dst} padded with {action.pad} zeros" if action.pad else ""
+            cropping = f", axis {action.src} cropped to {action.crop}" if action.crop else ""
             lines.append(
-                f"{indent}all_to_all {'+'.join(action.axes)}: axis {action.src} -> axis {action.dst}"
-                f"   {_fmt_bytes(action.bytes)}/device   -> {spec_of(action.layout)}"
+                f"{indent}all_to_all {'+'.join(action.axes)}: axis {action.src} -> axis {action.dst}{padding}"
+                f"{cropping}   {_fmt_bytes(action.bytes)}/device   -> {spec_of(action.layout)}"
             )
         elif isinstance(action, Split):
             lines.append(f"{indent}split axis {action.dst} over {action.axis} (local slice)   -> {spec_of(action.layout)}")

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .. import _dtypes
 from ..algebra import kron
 from ..distributed import DistributedOperator, distribute
-from ..distributed.layout import layout_of, spec_of
+from ..distributed.layout import Layout, layout_of, spec_of
 from ..distributed.operator import place
 from ..distributed.plan import make_plan
 from ..operator import Operator
@@ -141,39 +141,42 @@ class FNO:
         """The same network with every operator distributed, the input split as
         `partition` over `(batch, channel, x, y)`.
 
-        The Fourier layers are alike, so they share one *steady* layout S: the first
-        layer goes from the input layout to S, every later one from S to S, and the
-        projection back to the input layout. S is the exit of the first layer (among its
-        4 cheapest) that minimises the cost of all layers together.
+        The Fourier layers are alike, so they share one *steady* layout S: the lifting
+        goes from the input layout to S (so a repartition moves the few input channels,
+        not the `width` lifted ones), every Fourier layer from S to S, and the projection
+        back to the input layout. S is the layout, among the input's own and the first
+        layer's 4 cheapest exits from it, that minimises the planner's cost of the whole
+        network.
         """
-        lift = distribute(self.ops["lift"], partition, mesh=mesh)
-        mesh, spec = lift.mesh, lift.in_sharding.spec
-        first, *rest = self.ops["layers"]
+        entry_lift = distribute(self.ops["lift"], partition, mesh=mesh)
+        mesh, spec = entry_lift.mesh, entry_lift.in_sharding.spec
+        first = self.ops["layers"][0]
+        shape = first.domain_shape
+        entry = layout_of(spec, len(shape), mesh, "FNO.distribute")
+        exits = make_plan(first, shape, entry, mesh.shape, lambda layout: True, "FNO.distribute", exits=4).exits
+        candidates = [entry, *sorted(set(exits) - {entry}, key=lambda layout: (exits[layout], str(layout)))[:4]]
 
-        def total(exit_layout, first_cost):
-            """The planner's cost of all layers with `exit_layout` as the steady layout."""
-            if not rest:
-                return first_cost
+        def around(steady: PartitionSpec) -> dict[str, Any]:
+            """Every operator but the Fourier layers, with `steady` as the layers' layout."""
+            return {"lift": distribute(self.ops["lift"], spec, mesh=mesh, out_partition=steady),
+                    "proj1": distribute(self.ops["proj1"], steady, mesh=mesh, out_partition=steady),
+                    "proj2": distribute(self.ops["proj2"], steady, mesh=mesh, out_partition=spec)}
+
+        def cost(layout: Layout):
+            steady = spec_of(layout)
             try:
-                steady = distribute(rest[0], spec_of(exit_layout), mesh=mesh, out_partition=spec_of(exit_layout))
+                layer = distribute(first, steady, mesh=mesh, out_partition=steady).plan.route.cost
+                rest = [D.plan.route.cost for D in around(steady).values()]
             except ValueError:
                 return None
-            return tuple(f + len(rest) * c for f, c in zip(first_cost, steady.plan.route.cost))
+            return tuple(map(sum, zip(*rest, *[layer] * self.n_layers)))
 
-        shape = first.domain_shape
-        exits = make_plan(first, shape, layout_of(spec, len(shape), mesh, "FNO.distribute"), mesh.shape,
-                          lambda layout: True, "FNO.distribute", exits=4).exits
-        scored = [(cost, str(layout), layout) for layout, first_cost in sorted(exits.items(), key=lambda e: e[1])[:4]
-                  if (cost := total(layout, first_cost)) is not None]
+        scored = [(c, k) for k, layout in enumerate(candidates) if (c := cost(layout)) is not None]
         if not scored:
             raise ValueError(f"FNO.distribute: no layout lets every Fourier layer run from it on partition {partition}")
-        _, _, steady = min(scored)
-        steady_spec = spec_of(steady)
-        layers = [distribute(op, spec if k == 0 else steady_spec, mesh=mesh, out_partition=steady_spec)
-                  for k, op in enumerate(self.ops["layers"])]
-        proj1 = distribute(self.ops["proj1"], steady_spec, mesh=mesh)
-        proj2 = distribute(self.ops["proj2"], steady_spec, mesh=mesh, out_partition=spec)
-        ops = {"lift": lift, "layers": layers, "proj1": proj1, "proj2": proj2}
+        steady = spec_of(candidates[min(scored)[1]])
+        ops = {**around(steady),
+               "layers": [distribute(op, steady, mesh=mesh, out_partition=steady) for op in self.ops["layers"]]}
         return FNO(self.batch, self.grid, in_channels=self.in_channels, out_channels=self.out_channels,
                    width=self.width, modes=self.modes, layers=self.n_layers, projection=self.projection,
                    dtype=self.dtype, operators=ops)

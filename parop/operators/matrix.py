@@ -13,13 +13,18 @@ from .._dtypes import Flow
 from .base import Leaf, Role, positive_int
 
 
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
 def contract(w: jax.Array, x: jax.Array, w_axis: int, axis: int) -> jax.Array:
     """Contracts axis `w_axis` of the 2-D `w` with axis `axis` of `x`; the other axis of
     `w` takes the place of `axis` in the result. A real `w` on complex `x` acts on the
     real and imaginary parts (two real products, half the work of a complex one)."""
     if jnp.iscomplexobj(x) and not jnp.iscomplexobj(w):
         return lax.complex(contract(w, x.real, w_axis, axis), contract(w, x.imag, w_axis, axis))
-    return jnp.moveaxis(jnp.tensordot(w, x, axes=(w_axis, axis)), 0, axis)
+    xs = _LETTERS[: x.ndim]
+    w_sub = "YZ" if w_axis == 1 else "ZY"
+    return jnp.einsum(f"{w_sub},{xs[:axis]}Z{xs[axis + 1:]}->{xs[:axis]}Y{xs[axis + 1:]}", w, x)
 
 
 class Matrix(Leaf):
