@@ -328,11 +328,12 @@ class Planner:
 
     @staticmethod
     def _weight(leaf: Leaf, shards: int, replicas: int, gathered: int = 1) -> tuple[float, int, float]:
-        """(gradient bytes each device sends, gradient collectives, weight bytes it holds) for `leaf`'s weight
-        kept in `shards` pieces and used in `shards * gathered` (`gathered` > 1 where it
-        runs along padded axes, along which it is kept whole), each piece by `replicas`
-        devices with different data. parop plans for training: those replicas all-reduce
-        the piece's gradient, and a gathered weight's gradient pieces are then gathered."""
+        """(gradient bytes each device sends, gradient collectives, weight bytes it
+        holds) for `leaf`'s weight kept in `shards` pieces and used in `shards * gathered`
+        (`gathered` > 1 where it runs along padded axes, along which it is kept whole),
+        each piece by `replicas` devices with different data. parop plans for training:
+        those replicas all-reduce the piece's gradient, and the pieces of a gathered
+        weight's gradient are then gathered."""
         memory = math.prod(leaf.param_shape) * np.dtype(leaf.param_dtype).itemsize
         piece = memory / (shards * gathered)
         grad = 2 * piece * (replicas - 1) / replicas + piece * (gathered - 1)
@@ -364,7 +365,6 @@ class Planner:
             parts = [()] * len(leaf.param_shape)
             parts[out_ax], parts[in_ax] = out_axes, in_axes
             return tuple(parts)
-
 
         # each device's data differ over the split mesh axes, so a weight (or weight shard)
         # held by r of them has its gradient all-reduced over those r
