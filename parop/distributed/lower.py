@@ -8,7 +8,6 @@ sums the gradient of a replicated weight over the devices.
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import jax
@@ -17,7 +16,7 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ..operators import dft
-from .layout import spec_of
+from .layout import layout_of, spec_of, split_sizes
 from .plan import Action, AllToAll, Branch, Local, Plan, Split, _walk
 
 
@@ -91,9 +90,8 @@ def _pad(x: jax.Array, axis: int, count: int) -> jax.Array:
     return jnp.pad(x, [(0, count if a == axis else 0) for a in range(x.ndim)])
 
 
-def _splits(entry, mesh: Mesh) -> int:
-    names = () if entry is None else (entry,) if isinstance(entry, str) else entry
-    return math.prod(mesh.shape[n] for n in names)
+def _weight_splits(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> tuple[int, ...]:
+    return split_sizes(layout_of(spec, len(shape), mesh, "a weight"), mesh.shape)
 
 
 def stored_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
@@ -101,13 +99,14 @@ def stored_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> Part
     along axes that `spec` splits unevenly (a sharding must divide the array; the
     program pads such a weight with zeros and slices it locally)."""
     entries = tuple(spec) + (None,) * (len(shape) - len(spec))
-    return PartitionSpec(*(e if n % _splits(e, mesh) == 0 else None for e, n in zip(entries, shape)))
+    splits = _weight_splits(spec, shape, mesh)
+    return PartitionSpec(*(e if n % p == 0 else None for e, n, p in zip(entries, shape, splits)))
 
 
 def _padded_weight(w: jax.Array, spec: PartitionSpec, mesh: Mesh) -> jax.Array:
     """`w` padded with zeros to a multiple of its split along every axis of `spec`."""
-    for axis, entry in enumerate(spec):
-        w = _pad(w, axis, -w.shape[axis] % _splits(entry, mesh))
+    for axis, p in enumerate(_weight_splits(spec, w.shape, mesh)):
+        w = _pad(w, axis, -w.shape[axis] % p)
     return w
 
 

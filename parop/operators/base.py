@@ -27,6 +27,9 @@ from .._dtypes import Flow
 from ..operator import Operator, Params
 
 
+EINSUM_LETTERS = "abcdefghijklmnopqrstuvwxyz"  # names for the axes of an operand in `jnp.einsum`
+
+
 class Role(Enum):
     """What a leaf needs of one of its axes when the axis is partitioned over devices.
 

@@ -10,10 +10,7 @@ from jax import lax
 
 from .. import _dtypes
 from .._dtypes import Flow
-from .base import Leaf, Role, positive_int
-
-
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+from .base import EINSUM_LETTERS, Leaf, Role, positive_int
 
 
 def contract(w: jax.Array, x: jax.Array, w_axis: int, axis: int) -> jax.Array:
@@ -22,7 +19,7 @@ def contract(w: jax.Array, x: jax.Array, w_axis: int, axis: int) -> jax.Array:
     real and imaginary parts (two real products, half the work of a complex one)."""
     if jnp.iscomplexobj(x) and not jnp.iscomplexobj(w):
         return lax.complex(contract(w, x.real, w_axis, axis), contract(w, x.imag, w_axis, axis))
-    xs = _LETTERS[: x.ndim]
+    xs = EINSUM_LETTERS[: x.ndim]
     w_sub = "YZ" if w_axis == 1 else "ZY"
     return jnp.einsum(f"{w_sub},{xs[:axis]}Z{xs[axis + 1:]}->{xs[:axis]}Y{xs[axis + 1:]}", w, x)
 

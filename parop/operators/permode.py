@@ -11,16 +11,13 @@ import jax.numpy as jnp
 
 from .. import _dtypes
 from .._dtypes import Flow
-from .base import Leaf, Role, positive_int
-
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
+from .base import EINSUM_LETTERS, Leaf, Role, positive_int
 
 def _mix(w: jax.Array, x: jax.Array, axis: int, transpose: bool) -> jax.Array:
     """`y[o, m...] = sum_i w[o, i, m...] x[i, m...]` on the axes of `x` from `axis` on
     (`transpose`: contract over `o` instead)."""
     modes = w.ndim - 2
-    xs = _LETTERS[: x.ndim]
+    xs = EINSUM_LETTERS[: x.ndim]
     o, i, ms = "Y", "Z", xs[axis + 1 : axis + 1 + modes]
     inp, out = (o, i) if transpose else (i, o)
     x_sub = xs[:axis] + inp + xs[axis + 1 :]
