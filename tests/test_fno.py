@@ -86,6 +86,18 @@ def test_spatial_2x4_split_takes_two_per_layer(batch, grid, modes):
     assert sum(hlo_all_to_alls(dist.ops[k]) for k in ("lift", "proj1", "proj2")) <= 2
 
 
+def test_planning_by_bytes_alone_keeps_the_spectral_weights_sharded(monkeypatch):
+    # the protocol's sizes: with a collective worth nothing, 4 all_to_alls per layer
+    # beat padding the 7 real-FFT modes, whose weights would then be kept whole
+    import parop.distributed.plan as plan
+
+    monkeypatch.setattr(plan, "LATENCY_BYTES", 0.0)
+    dist = FNO(batch=20, grid=(32, 32), width=32, modes=(12, 12), layers=2).distribute((1, 1, 2, 4))
+    assert [hlo_all_to_alls(L) for L in dist.ops["layers"]] == [4, 4]
+    spectral = dist.init(jax.random.key(0))["spectral1"]
+    assert spectral.addressable_shards[0].data.size < spectral.size
+
+
 def test_distributed_training_follows_serial_step_for_step():
     model = tiny()
     dist = model.distribute((1, 1, 2, 4))

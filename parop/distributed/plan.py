@@ -21,9 +21,9 @@ cheapest route from the input layout to a wanted output layout. Moves are:
 
 The cost of a route is an estimate of its time in bytes: the bytes each device
 sends plus `LATENCY_BYTES` (1 MiB) per collective, about what a collective's
-start-up is worth on GPU interconnects and between this library's forced CPU
-devices; ties go to fewer bytes, then fewer collectives, then fewer weight bytes per
-device. parop plans for training, so the bytes and collectives include the
+start-up is worth on GPU interconnects (a model, read when a plan is made: users
+may set it for their machine; on forced CPU devices 0 is closer); ties go to fewer
+bytes, then fewer collectives, then fewer weight bytes per device. parop plans for training, so the bytes and collectives include the
 gradient traffic of weights: an all-reduce over the devices that hold the same
 weight (or shard) but different data, and a gather where a weight runs along a
 padded axis (a sharding must divide the array, so it is kept whole there). A sum of
