@@ -90,22 +90,24 @@ def _pad(x: jax.Array, axis: int, count: int) -> jax.Array:
     return jnp.pad(x, [(0, count if a == axis else 0) for a in range(x.ndim)])
 
 
-def _weight_splits(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> tuple[int, ...]:
-    return split_sizes(layout_of(spec, len(shape), mesh, "a weight"), mesh.shape)
+def _weight_layout(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh):
+    """The layout `spec` gives a weight of `shape`, and how many pieces each axis is cut into."""
+    layout = layout_of(spec, len(shape), mesh, "a weight")
+    return layout, split_sizes(layout, mesh.shape)
 
 
 def stored_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
     """Where a weight that the program takes as `spec` is kept: the same, but whole
     along axes that `spec` splits unevenly (a sharding must divide the array; the
     program pads such a weight with zeros and slices it locally)."""
-    entries = tuple(spec) + (None,) * (len(shape) - len(spec))
-    splits = _weight_splits(spec, shape, mesh)
-    return PartitionSpec(*(e if n % p == 0 else None for e, n, p in zip(entries, shape, splits)))
+    layout, splits = _weight_layout(spec, shape, mesh)
+    return spec_of(tuple(axes if n % p == 0 else () for axes, n, p in zip(layout, shape, splits)))
 
 
 def _padded_weight(w: jax.Array, spec: PartitionSpec, mesh: Mesh) -> jax.Array:
     """`w` padded with zeros to a multiple of its split along every axis of `spec`."""
-    for axis, p in enumerate(_weight_splits(spec, w.shape, mesh)):
+    _, splits = _weight_layout(spec, w.shape, mesh)
+    for axis, p in enumerate(splits):
         w = _pad(w, axis, -w.shape[axis] % p)
     return w
 

@@ -23,8 +23,8 @@ The cost of a route is an estimate of its time in bytes: the bytes each device
 sends plus `LATENCY_BYTES` (1 MiB) per collective, about what a collective's
 start-up is worth on GPU interconnects (a model, read when a plan is made: users
 may set it for their machine; on forced CPU devices 0 is closer); ties go to fewer
-bytes, then fewer collectives, then fewer weight bytes per device. parop plans for training, so the bytes and collectives include the
-gradient traffic of weights: an all-reduce over the devices that hold the same
+bytes, then fewer collectives, then fewer weight bytes per device. parop plans for
+training, so the bytes and collectives include the gradient traffic of weights: an all-reduce over the devices that hold the same
 weight (or shard) but different data, and a gather where a weight runs along a
 padded axis (a sharding must divide the array, so it is kept whole there). A sum of
 operators is planned term by term from a common entry layout to the common exit
@@ -271,6 +271,7 @@ class Planner:
         blocks = [-(-n // p) for n, p in zip(sizes, splits)]  # a padded axis's block holds its zeros too
         padded = self._padded(sizes, layout)
         local = math.prod(blocks)
+        varying = math.prod(splits)  # each device's data differ over all the split mesh axes
         for j, step in enumerate(prog.steps):
             bit = 1 << j
             if done & bit or prog.preds[j] & ~done:
@@ -280,7 +281,7 @@ class Planner:
                 continue
             if step.leaf is not None and step.leaf.dense_axes is not None:
                 if step.axes[0] not in padded:
-                    yield from self._dense(step, sizes, layout, done | bit, local, itemsize)
+                    yield from self._dense(step, sizes, layout, done | bit, local, itemsize, varying)
                 continue
             roles = step.leaf.roles if step.leaf is not None else ()
             if any(r is Role.LOCAL and layout[a] or a in padded and r not in (Role.POINTWISE, Role.REDUCE)
@@ -289,7 +290,7 @@ class Planner:
             psum = tuple(n for a, r in zip(step.axes, roles) if r is Role.REDUCE for n in layout[a])
             nlayout = tuple(() if a in step.axes and roles[step.axes.index(a)] is Role.REDUCE else axes
                             for a, axes in enumerate(layout))
-            grad, grads, held = self._pointwise_weight(step, layout, padded)
+            grad, grads, held = self._pointwise_weight(step, layout, padded, varying)
             if psum:
                 g = self._splits(psum)
                 reduced = local / blocks[step.axes[0]]  # the block after its local sum
@@ -339,7 +340,8 @@ class Planner:
         grad = 2 * piece * (replicas - 1) / replicas + piece * (gathered - 1)
         return grad, (replicas > 1) + (gathered > 1), memory / shards
 
-    def _pointwise_weight(self, step: Step, layout: Layout, padded: frozenset[int]) -> tuple[float, int, float]:
+    def _pointwise_weight(self, step: Step, layout: Layout, padded: frozenset[int],
+                          varying: int) -> tuple[float, int, float]:
         """`_weight` for a leaf whose weight is split as the tensor axes it runs along."""
         leaf = step.leaf
         if leaf is None or not leaf.param_shape:
@@ -347,10 +349,9 @@ class Planner:
         along = [step.axes[0] + a for a in leaf.param_axes if a is not None]
         shards = self._splits(tuple(n for a in along if a not in padded for n in layout[a]))
         gathered = self._splits(tuple(n for a in along if a in padded for n in layout[a]))
-        varying = self._splits(tuple(n for axes in layout for n in axes))
         return self._weight(leaf, shards, varying // (shards * gathered), gathered)
 
-    def _dense(self, step, sizes, layout, ndone, local, itemsize):
+    def _dense(self, step, sizes, layout, ndone, local, itemsize, varying):
         """A dense `Matrix` step: with its weight replicated on a whole axis, or, where
         `shard_weights` allows, column-parallel (a free mesh axis splits the weight's
         rows and the output) or row-parallel (the input's split splits the weight's
@@ -366,9 +367,8 @@ class Planner:
             parts[out_ax], parts[in_ax] = out_axes, in_axes
             return tuple(parts)
 
-        # each device's data differ over the split mesh axes, so a weight (or weight shard)
-        # held by r of them has its gradient all-reduced over those r
-        varying = self._splits(tuple(name for axes in layout for name in axes))
+        # a weight (or weight shard) held by r devices with different data has its
+        # gradient all-reduced over those r
 
         def cost(nbytes: float, count: int, shards: int, replicas: int) -> Cost:
             grad, grads, held = self._weight(leaf, shards, replicas)

@@ -156,27 +156,31 @@ class FNO:
         exits = make_plan(first, shape, entry, mesh.shape, lambda layout: True, "FNO.distribute", exits=4).exits
         candidates = [entry, *sorted(set(exits) - {entry}, key=lambda layout: (exits[layout], str(layout)))[:4]]
 
-        def around(steady: PartitionSpec) -> dict[str, Any]:
-            """Every operator but the Fourier layers, with `steady` as the layers' layout."""
-            return {"lift": distribute(self.ops["lift"], spec, mesh=mesh, out_partition=steady),
-                    "proj1": distribute(self.ops["proj1"], steady, mesh=mesh, out_partition=steady),
-                    "proj2": distribute(self.ops["proj2"], steady, mesh=mesh, out_partition=spec)}
-
-        def cost(layout: Layout):
+        def network(layout: Layout) -> dict[str, Any] | None:
+            """Every operator but the later Fourier layers, distributed with `layout` as
+            the layers' steady layout (None where one of them cannot be planned)."""
             steady = spec_of(layout)
             try:
-                layer = distribute(first, steady, mesh=mesh, out_partition=steady).plan.route.cost
-                rest = [D.plan.route.cost for D in around(steady).values()]
+                return {"lift": distribute(self.ops["lift"], spec, mesh=mesh, out_partition=steady),
+                        "first": distribute(first, steady, mesh=mesh, out_partition=steady),
+                        "proj1": distribute(self.ops["proj1"], steady, mesh=mesh, out_partition=steady),
+                        "proj2": distribute(self.ops["proj2"], steady, mesh=mesh, out_partition=spec)}
             except ValueError:
                 return None
-            return tuple(map(sum, zip(*rest, *[layer] * self.n_layers)))
 
-        scored = [(c, k) for k, layout in enumerate(candidates) if (c := cost(layout)) is not None]
+        def cost(ops: dict[str, Any]):
+            """The planner's cost of the whole network: the first layer's counts for all."""
+            costs = [D.plan.route.cost for D in ops.values()]
+            costs += [ops["first"].plan.route.cost] * (self.n_layers - 1)
+            return tuple(map(sum, zip(*costs)))
+
+        scored = [(cost(ops), k, ops) for k, layout in enumerate(candidates) if (ops := network(layout))]
         if not scored:
             raise ValueError(f"FNO.distribute: no layout lets every Fourier layer run from it on partition {partition}")
-        steady = spec_of(candidates[min(scored)[1]])
-        ops = {**around(steady),
-               "layers": [distribute(op, steady, mesh=mesh, out_partition=steady) for op in self.ops["layers"]]}
+        _, k, ops = min(scored, key=lambda s: s[:2])
+        steady = spec_of(candidates[k])
+        ops["layers"] = [ops.pop("first"), *(distribute(op, steady, mesh=mesh, out_partition=steady)
+                                             for op in self.ops["layers"][1:])]
         return FNO(self.batch, self.grid, in_channels=self.in_channels, out_channels=self.out_channels,
                    width=self.width, modes=self.modes, layers=self.n_layers, projection=self.projection,
                    dtype=self.dtype, operators=ops)
