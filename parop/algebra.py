@@ -1,5 +1,5 @@
-"""The combinators: `kron`, composition (`@`), sums, scalar multiples, and their rules
-for shapes, dtypes, adjoints and inverses."""
+"""The combinators: `kron`, composition (`@`), sums, scalar multiples, transposes, and
+their rules for shapes, dtypes, adjoints and inverses."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numbers
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from . import _dtypes
@@ -104,6 +105,9 @@ class Kron(Operator):
     def children(self):
         return self.factors
 
+    def _tree_fields(self):
+        return ("factors",)
+
     def _adjoint(self):
         return Kron(tuple(f.H for f in self.factors))
 
@@ -139,6 +143,9 @@ class Compose(Operator):
     def children(self):
         return self.ops
 
+    def _tree_fields(self):
+        return ("ops",)
+
     def _adjoint(self):
         return Compose(tuple(op.H for op in reversed(self.ops)))
 
@@ -166,34 +173,109 @@ class Sum(Operator):
     def children(self):
         return self.terms
 
+    def _tree_fields(self):
+        return ("terms",)
+
     def _adjoint(self):
         return Sum(tuple(t.H for t in self.terms))
 
 
 class Scale(Operator):
-    """`c * A` for a Python number `c`. Build it with `*` or unary `-`."""
+    """`c * A`: the scalar `c` times `A`'s output, or, with `first=True`, times its
+    input (`A @ (c * x)`, where the adjoint of an operator with a real domain or range
+    needs it: such an operator is only real-linear, so the conjugated scalar must meet
+    the complex side). `c` is a Python number (static: a new value is a new operator)
+    or a 0-d JAX array (a pytree leaf: traced under `jit` and `grad`, no retrace per
+    value). Build it with `*`, `/` or unary `-`."""
 
-    def __init__(self, c: numbers.Number, op: Operator):
+    def __init__(self, c, op: Operator, first: bool = False):
         for name in ("domain_shape", "range_shape", "dtype", "range_dtype"):
             object.__setattr__(self, name, getattr(op, name))
         object.__setattr__(self, "c", c)
         object.__setattr__(self, "op", op)
+        object.__setattr__(self, "first", first)
+
+    @property
+    def complex(self) -> bool:
+        """Whether `c` is complex (then the data it meets must be complex)."""
+        return is_complex_scalar(self.c)
 
     def out_dtype(self, dtype):
+        if self.first and self.complex and not _dtypes.is_complex(_dtypes.canonical(dtype)):
+            return None
         out = self.op.out_dtype(dtype)
-        return None if out is None or (isinstance(self.c, complex) and not _dtypes.is_complex(out)) else out
+        if out is None or (not self.first and self.complex and not _dtypes.is_complex(out)):
+            return None
+        return out
 
     def _apply(self, θ, x, axis):
-        return self.c * self.op._apply(θ, x, axis)
+        if self.first:
+            return self.op._apply(θ, times(self.c, x), axis)
+        return times(self.c, self.op._apply(θ, x, axis))
 
     def children(self):
         return (self.op,)
 
+    def _tree_fields(self):
+        return ("c", "op") if isinstance(self.c, jax.Array) else ("op",)
+
     def _adjoint(self):
-        return Scale(self.c.conjugate(), self.op.H)
+        return Scale(conj(self.c), self.op.H, first=not self.first)
 
     def inverse(self):
-        return Scale(1 / self.c, self.op.inverse())
+        if not isinstance(self.c, jax.Array) and self.c == 0:
+            raise ValueError(f"{self!r} has no inverse: it is zero")
+        return Scale(1 / self.c, self.op.inverse(), first=not self.first)
+
+
+class Transpose(Operator):
+    """`A.T`: `conj(A.H conj(y))`, the transpose JAX's `linear_transpose` computes.
+    For a complex-linear `A` with matrix `M` it is `M.T`; where `A` has a real domain or
+    range (a real `DFT`) it is the transpose of the real-linear map. Build it with `.T`."""
+
+    def __init__(self, op: Operator):
+        adjoint = op.H
+        for name in ("domain_shape", "range_shape", "dtype", "range_dtype"):
+            object.__setattr__(self, name, getattr(adjoint, name))
+        object.__setattr__(self, "op", op)
+
+    def out_dtype(self, dtype):
+        return self.op.H.out_dtype(dtype)
+
+    def _apply(self, θ, x, axis):
+        return conj(self.op.H._apply(θ, conj(x), axis))
+
+    def children(self):
+        return (self.op,)
+
+    def _tree_fields(self):
+        return ("op",)
+
+    def _adjoint(self):
+        return Transpose(self.op.H)  # (A.T).H is the elementwise conjugate of A
+
+    def inverse(self):
+        return Transpose(self.op.inverse())
+
+
+def is_complex_scalar(c) -> bool:
+    return isinstance(c, complex) or (isinstance(c, jax.Array) and _dtypes.is_complex(c.dtype))
+
+
+def conj(c):
+    """The complex conjugate of a scalar or an array (itself where it is real)."""
+    if isinstance(c, (int, float)):
+        return c
+    if isinstance(c, complex):
+        return c.conjugate()
+    return jnp.conj(c) if _dtypes.is_complex(c.dtype) else c
+
+
+def times(c, x: jax.Array) -> jax.Array:
+    """`c * x` in `x`'s dtype (a traced scalar is cast: JAX's strict promotion)."""
+    if isinstance(c, jax.Array):
+        c = c.astype(x.dtype) if _dtypes.is_complex(x.dtype) or not _dtypes.is_complex(c.dtype) else c
+    return c * x
 
 
 def kron(*factors: Operator) -> Operator:
@@ -245,18 +327,25 @@ def add(*terms: Operator) -> Operator:
     return _checked(Sum(flat))
 
 
-def scale(c: numbers.Number, op: Operator) -> Operator:
-    """`c * op` for a Python or NumPy number `c` (what `*` with a number builds)."""
+def scale(c, op: Operator) -> Operator:
+    """`c * op` (what `*` and `/` with a number build). `c` is a Python or NumPy number,
+    or a 0-d JAX array (traced under `jit` and `grad`)."""
     _check_operators("*", (op,))
-    if isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Number):
+    if isinstance(c, jax.Array) or (isinstance(c, np.ndarray) and c.ndim == 0):
+        if c.ndim != 0 or not _dtypes.is_float(c.dtype):
+            raise TypeError(f"an operator can be multiplied by a scalar, got an array of shape {c.shape} "
+                            f"and dtype {c.dtype}; for a trainable scale per index use po.Diagonal")
+        c = jnp.asarray(c) if isinstance(c, jax.Array) else c.item()
+    elif isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Number):
         raise TypeError(
-            f"an operator can be multiplied by a Python number, got {type(c).__name__}; "
-            "for a trainable scale use po.Diagonal"
+            f"an operator can be multiplied by a number or a 0-d JAX array, got {type(c).__name__}; "
+            "for a trainable scale per index use po.Diagonal"
         )
-    c = complex(c) if isinstance(c, numbers.Complex) and not isinstance(c, numbers.Real) else float(c)
-    if isinstance(c, complex) and not _dtypes.is_complex(op.range_dtype):
+    if not isinstance(c, jax.Array):
+        c = complex(c) if isinstance(c, numbers.Complex) and not isinstance(c, numbers.Real) else float(c)
+    if is_complex_scalar(c) and not _dtypes.is_complex(op.range_dtype):
         raise TypeError(f"cannot scale {op!r} (range dtype {op.range_dtype}) by the complex {c}")
-    if isinstance(op, Scale):
+    if isinstance(op, Scale) and not op.first and not isinstance(c, jax.Array) and not isinstance(op.c, jax.Array):
         return Scale(c * op.c, op.op)
     return Scale(c, op)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html as _html
 
-from .algebra import Compose, Kron, Scale, Sum
+from .algebra import Compose, Kron, Scale, Sum, Transpose
 from .operator import Operator
 from .operators import DFT, Adjoint, Diagonal, Identity, InverseDFT, Matrix, PerModeMatrix, Reduce, Restriction
 
@@ -52,13 +52,22 @@ def short(op: Operator) -> str:
     if isinstance(op, Sum):
         text = wrap(op.terms[0], Sum)
         for t in op.terms[1:]:
-            negative = isinstance(t, Scale) and isinstance(t.c, float) and t.c < 0
+            negative = isinstance(t, Scale) and not t.first and isinstance(t.c, float) and t.c < 0
             text += f" - {short(Scale(-t.c, t.op))}" if negative else f" + {wrap(t, Sum)}"
         return text
     if isinstance(op, Scale):
         inner = wrap(op.op, Kron, Compose, Sum)
-        return inner if op.c == 1 else f"{op.c:g}·{inner}"
+        if isinstance(op.c, (int, float)) and op.c == 1:
+            return inner
+        return f"{inner}·{scalar(op.c)}" if op.first else f"{scalar(op.c)}·{inner}"
+    if isinstance(op, Transpose):
+        return f"{wrap(op.op, Kron, Compose, Sum, Scale)}ᵀ"
     return op.describe() if hasattr(op, "describe") else type(op).__name__
+
+
+def scalar(c) -> str:
+    """A scalar as an operator's repr shows it (`c` for a traced one)."""
+    return f"{c:g}" if isinstance(c, (int, float, complex)) else "c"
 
 
 def _child_dtypes(op: Operator, dtype) -> list:
@@ -83,9 +92,9 @@ def _child_dtypes(op: Operator, dtype) -> list:
 def _rows(op: Operator, depth: int = 0, dtype=None):
     """`(depth, label, operator, input dtype, output dtype)` for each node."""
     dtype = op.dtype if dtype is None else dtype
-    name = _leaf(op) or {Kron: "⊗ kron", Compose: "@ compose", Sum: "+ sum"}.get(type(op))
+    name = _leaf(op) or {Kron: "⊗ kron", Compose: "@ compose", Sum: "+ sum", Transpose: "ᵀ transpose"}.get(type(op))
     if name is None:
-        name = short(op) if not isinstance(op, Scale) else f"{op.c:g}· scale"
+        name = short(op) if not isinstance(op, Scale) else f"{scalar(op.c)}· scale"
     yield depth, name, op, dtype, op.out_dtype(dtype)
     if _leaf(op) is None:
         for child, d in zip(op.children(), _child_dtypes(op, dtype)):

@@ -10,11 +10,19 @@ An operator is an immutable description of a linear map between tensors of
 - `_adjoint()`: a new operator for the exact adjoint (`.H` caches it);
 - `children()`: the operators it is built from.
 
-Everything else (`@`, `+`, `.H`, flat/tensor input handling, checks) lives here.
+Everything else (`@`, `+`, `.H`, `.T`, flat/tensor input handling, checks, equality
+and the pytree registration) lives here.
+
+**Operators are JAX values.** Every subclass is registered as a pytree when it is
+defined (`Operator.__init_subclass__`): an operator's structure (sizes, dtypes, names,
+options) is static, and its only array leaves are traced scalars (`c * A` with `c` a
+JAX array). So `jax.jit(f)(A, x)` works, and equal operators (`==`: built the same
+way from equal leaves) hash alike and share one trace.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Mapping
 
@@ -43,6 +51,10 @@ class Operator:
     dtype: np.dtype
     range_dtype: np.dtype
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_pytree_node(cls, _flatten, functools.partial(_unflatten, cls))
+
     # -- the interface subclasses implement ------------------------------------------
     def out_dtype(self, dtype) -> np.dtype | None:
         raise NotImplementedError
@@ -54,6 +66,11 @@ class Operator:
         raise NotImplementedError
 
     def children(self) -> tuple["Operator", ...]:
+        return ()
+
+    def _tree_fields(self) -> tuple[str, ...]:
+        """The fields holding this node's pytree children: its child operators and any
+        traced scalar. Everything else is static structure."""
         return ()
 
     def inverse(self) -> "Operator":
@@ -84,6 +101,37 @@ class Operator:
             return adjoint
 
         return self._cache("_H", make)
+
+    @property
+    def T(self) -> "Operator":
+        """The transpose: `conj(A.H conj(y))`, what `jax.linear_transpose` of `A @ x`
+        computes (for a complex-linear `A`, the matrix `M.T`); `A.T.T is A`."""
+
+        def make():
+            from .algebra import Transpose
+
+            transpose = Transpose(self)
+            object.__setattr__(transpose, "_T", self)
+            return transpose
+
+        return self._cache("_T", make)
+
+    # -- equality: structural ----------------------------------------------------------
+    def _key(self) -> tuple:
+        """What identifies this operator: its class, static fields and children."""
+
+        def make():
+            return (type(self).__name__,) + tuple(
+                (name, _key_of(value)) for name, value in sorted(vars(self).items()) if not name.startswith("_")
+            )
+
+        return self._cache("_key_cached", make)
+
+    def __eq__(self, other) -> bool:
+        return self is other or (type(self) is type(other) and self._key() == other._key())
+
+    def __hash__(self) -> int:
+        return self._cache("_hash", lambda: hash(self._key()))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -159,6 +207,11 @@ class Operator:
 
     __rmul__ = __mul__
 
+    def __truediv__(self, c) -> "Operator":
+        from .algebra import scale
+
+        return scale(1 / c, self)
+
     def __neg__(self) -> "Operator":
         from .algebra import scale
 
@@ -177,11 +230,15 @@ class Operator:
 
 
 class Bound:
-    """An operator together with its parameters: what `A(θ)` returns.
+    """An operator together with its parameters: what `A(θ)` returns. A pytree whose
+    leaves are θ's arrays (and the operator's traced scalars), so it goes through
+    `jax.jit`, `jax.grad` (the gradient is a `Bound` of the weight gradients),
+    `jax.vmap` (a batch of weights) and `jax.tree.map`.
 
     ```python
     >>> y = A(θ) @ x          # the same as A.apply(θ, x)
     >>> x2 = A(θ).H @ y
+    >>> g = jax.grad(lambda B: jnp.sum(B @ x))(A(θ)).params
     ```
     """
 
@@ -206,8 +263,50 @@ class Bound:
     def H(self) -> "Bound":
         return Bound(self.operator.H, self.params)
 
+    @property
+    def T(self) -> "Bound":
+        return Bound(self.operator.T, self.params)
+
     def __repr__(self) -> str:
         return f"{self.operator!r}(θ)"
+
+
+jax.tree_util.register_pytree_node(
+    Bound, lambda b: ((b.operator, b.params), None), lambda _, children: Bound(*children)
+)
+
+
+def _key_of(value):
+    """A hashable stand-in for a field's value in `Operator._key`."""
+    if isinstance(value, Operator):
+        return value._key()
+    if isinstance(value, (tuple, list)):
+        return tuple(_key_of(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, jax.Array):  # a traced scalar: the same array, or not equal
+        return ("array", id(value))
+    return value
+
+
+def _flatten(op: Operator):
+    """An operator as a pytree node: its `_tree_fields` are the children, the rest of
+    its fields (or, for a node without children, the operator itself) the static data."""
+    fields = op._tree_fields()
+    if not fields:
+        return (), op
+    static = tuple((k, v) for k, v in sorted(vars(op).items()) if not k.startswith("_") and k not in fields)
+    return tuple(getattr(op, f) for f in fields), (fields, static)
+
+
+def _unflatten(cls, aux, children):
+    if not isinstance(aux, tuple):
+        return aux
+    fields, static = aux
+    op = object.__new__(cls)
+    for name, value in static + tuple(zip(fields, children)):
+        object.__setattr__(op, name, value)
+    return op
 
 
 def _as_tensor(op: Operator, x):

@@ -9,7 +9,7 @@ built with the same name share one weight, so their shapes and dtypes must agree
 from __future__ import annotations
 
 import functools
-import zlib
+import hashlib
 from typing import Mapping
 
 import jax
@@ -38,18 +38,22 @@ def parametric_leaves(op: Operator) -> dict[str, Leaf]:
     return found
 
 
-def name_seed(name: str) -> int:
-    """A fixed number for `name`, so that a weight's value depends only on the key and
-    its name, not on the rest of the operator (or on how it is distributed)."""
-    return zlib.crc32(name.encode())
+def name_key(key: jax.Array, name: str) -> jax.Array:
+    """`key` folded with a 128-bit digest of `name` (SHA-256, four 32-bit words), so that
+    a weight's value depends only on the key and its name, not on the rest of the
+    operator or on how it is distributed, and two names never meet the same stream."""
+    digest = hashlib.sha256(name.encode()).digest()
+    for i in range(0, 16, 4):
+        key = jax.random.fold_in(key, int.from_bytes(digest[i:i + 4], "little"))
+    return key
 
 
 @functools.singledispatch
 def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     """The parameters of `op`: `{name: array}`, deterministic in `key`.
 
-    Each weight is drawn from `jax.random.fold_in(key, crc32(name))`, so its value
-    depends only on `key` and its name. A `Matrix` is normal with variance `1/n`
+    Each weight is drawn from `name_key(key, name)` (the key folded with a SHA-256
+    digest of the name), so its value depends only on `key` and its name. A `Matrix` is normal with variance `1/n`
     (it keeps the variance of its input), a `Diagonal` starts at ones, a
     `PerModeMatrix` is normal with variance `1/c_in`; complex dtypes give complex
     weights.
@@ -62,7 +66,7 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     if not isinstance(op, Operator):
         raise TypeError(f"po.init takes a parop operator, got {type(op).__name__}")
     return {
-        name: leaf.init_param(jax.random.fold_in(key, name_seed(name)))
+        name: leaf.init_param(name_key(key, name))
         for name, leaf in op.parameters.items()
     }
 

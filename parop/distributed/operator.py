@@ -90,6 +90,9 @@ class DistributedOperator(Operator):
         return DistributedOperator(self.op.H, self.mesh, None, None, f"{self._where}.H", self.shard_weights,
                                    adjoint_of=self)
 
+    def _key(self) -> tuple:
+        return ("DistributedOperator", id(self))
+
     def describe(self) -> str:
         from ..display import short
 

@@ -102,8 +102,11 @@ def _steps(op: Operator, axis: int, dtype: np.dtype) -> tuple[list[Step], np.dty
             steps += more
         return steps, dtype
     if isinstance(op, Scale):
+        flow = COMPLEX if op.complex else FREE
+        if op.first:
+            steps, out = _steps(op.op, axis, dtype)
+            return [Step((), (), flow, dtype, c=op.c)] + steps, out
         steps, out = _steps(op.op, axis, dtype)
-        flow = COMPLEX if isinstance(op.c, complex) else FREE
         return steps + [Step((), (), flow, out, c=op.c)], out
     if isinstance(op, Sum):
         terms = tuple(program(t, dtype, axis) for t in op.terms)

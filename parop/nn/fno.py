@@ -24,7 +24,7 @@ from ..distributed.operator import place
 from ..distributed.plan import make_plan
 from ..operator import Operator
 from ..operators import DFT, Identity, Matrix, PerModeMatrix, Restriction
-from ..params import name_seed
+from ..params import name_key
 
 Params = dict[str, jax.Array]
 
@@ -103,7 +103,7 @@ class FNO:
         for op in self.operators:
             shardings = op.param_shardings() if isinstance(op, DistributedOperator) else {}
             for name, leaf in op.parameters.items():
-                k = jax.random.fold_in(key, name_seed(name))
+                k = name_key(key, name)
                 if name.startswith("spectral"):
                     real = _dtypes.real_of(leaf.param_dtype)
                     re, im = jax.random.uniform(k, (2,) + leaf.param_shape, real) / self.width**2
@@ -111,7 +111,7 @@ class FNO:
                 else:
                     bound = 1 / math.sqrt(leaf.param_shape[1])
                     value = jax.random.uniform(k, leaf.param_shape, leaf.param_dtype, -bound, bound)
-                    bias = jax.random.uniform(jax.random.fold_in(key, name_seed(f"{name}.bias")),
+                    bias = jax.random.uniform(name_key(key, f"{name}.bias"),
                                               leaf.param_shape[:1], leaf.param_dtype, -bound, bound)
                     θ[f"{name}.bias"] = _place(bias, shardings and NamedSharding(op.mesh, PartitionSpec()))
                 θ[name] = _place(value, shardings.get(name))

@@ -42,7 +42,7 @@ class DFT(Leaf):
 
     def __init__(self, n: int, dtype="complex64", norm: str = "backward"):
         n = positive_int(n, "n", "DFT")
-        dtype = _dtypes.canonical(dtype)
+        dtype = _dtypes.canonical("complex64" if dtype is None else dtype)
         if not _dtypes.is_float(dtype):
             raise TypeError(f"DFT: dtype must be a float or complex dtype, got {dtype}")
         if norm not in NORMS:

@@ -22,7 +22,7 @@ class Identity(Leaf):
 
     def __init__(self, n: int, dtype="float32"):
         n = positive_int(n, "n", "Identity")
-        dtype = _dtypes.canonical(dtype)
+        dtype = _dtypes.canonical("float32" if dtype is None else dtype)
         self._freeze(
             n=n, domain_shape=(n,), range_shape=(n,), dtype=dtype, range_dtype=dtype,
             roles=(Role.POINTWISE,),

@@ -45,7 +45,7 @@ class Matrix(Leaf):
     def __init__(self, m: int, n: int, dtype="float32", name: str | None = None):
         m = positive_int(m, "m", "Matrix")
         n = positive_int(n, "n", "Matrix")
-        dtype = _dtypes.canonical(dtype)
+        dtype = _dtypes.canonical("float32" if dtype is None else dtype)
         if not _dtypes.is_float(dtype):
             raise TypeError(f"Matrix: dtype must be a float or complex dtype, got {dtype}")
         self._freeze(

@@ -51,7 +51,7 @@ class PerModeMatrix(Leaf):
         c_out = positive_int(c_out, "c_out", "PerModeMatrix")
         c_in = positive_int(c_in, "c_in", "PerModeMatrix")
         modes = tuple(positive_int(m, "each mode count", "PerModeMatrix") for m in modes)
-        dtype = _dtypes.canonical(dtype)
+        dtype = _dtypes.canonical("complex64" if dtype is None else dtype)
         if not _dtypes.is_float(dtype):
             raise TypeError(f"PerModeMatrix: dtype must be a float or complex dtype, got {dtype}")
         self._freeze(

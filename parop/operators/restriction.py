@@ -55,7 +55,7 @@ class Restriction(Leaf):
     def __init__(self, n: int, keep: Sequence[int | slice] | slice | int, dtype="float32"):
         n = positive_int(n, "n", "Restriction")
         indices = _indices(n, keep)
-        dtype = _dtypes.canonical(dtype)
+        dtype = _dtypes.canonical("float32" if dtype is None else dtype)
         self._freeze(
             n=n, indices=indices, runs=_runs(indices),
             domain_shape=(n,), range_shape=(len(indices),), dtype=dtype, range_dtype=dtype,
