@@ -13,7 +13,7 @@ D = po.distribute(F, partition=(2, 1, 1))   # the same map, one shard_map progra
 from . import testing
 from .algebra import Compose, Kron, Scale, Sum, kron
 from .display import tree
-from .distributed import DistributedOperator, Plan, distribute
+from .distributed import CostModel, DistributedOperator, Plan, distribute
 from .operator import Bound, Operator
 from .operators import (
     DFT, Adjoint, Diagonal, Identity, InverseDFT, Leaf, Matrix, PerModeMatrix, Reduce,
@@ -23,7 +23,7 @@ from .params import init
 from .testing import to_dense
 
 __all__ = [
-    "Adjoint", "Bound", "Compose", "DFT", "Diagonal", "DistributedOperator", "Plan", "distribute", "Identity", "InverseDFT", "Kron",
+    "Adjoint", "Bound", "Compose", "CostModel", "DFT", "Diagonal", "DistributedOperator", "Plan", "distribute", "Identity", "InverseDFT", "Kron",
     "Leaf", "Matrix", "Operator", "PerModeMatrix", "Reduce", "Restriction", "Role", "Scale",
     "Sum", "init", "kron", "testing", "to_dense", "tree",
 ]

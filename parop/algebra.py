@@ -20,6 +20,17 @@ def _check_operators(where: str, ops) -> None:
     for op in ops:
         if not isinstance(op, Operator):
             raise TypeError(f"{where} takes parop operators, got {type(op).__name__}: {op!r}")
+    if where == "kron" and any(op.distributed for op in ops):
+        raise TypeError(
+            f"kron of a distributed operator ({', '.join(repr(op) for op in ops)}): a distributed program "
+            "acts on whole tensors; build the kron first and distribute it: po.distribute(po.kron(A, B), ...)"
+        )
+    kinds = {op.distributed for op in ops}
+    if len(kinds) > 1:
+        raise TypeError(
+            f"{where} of a distributed and a serial operator ({', '.join(repr(op) for op in ops)}): distribute "
+            "the serial one too, or build the whole operator first and distribute it once"
+        )
 
 
 def _settle(op: Operator, candidates, failure: Callable[[], str], **fields) -> None:

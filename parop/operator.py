@@ -68,6 +68,12 @@ class Operator:
     def children(self) -> tuple["Operator", ...]:
         return ()
 
+    @property
+    def distributed(self) -> bool:
+        """Whether this is a distributed operator (or built from distributed ones only)."""
+        children = self.children()
+        return bool(children) and all(c.distributed for c in children)
+
     def _tree_fields(self) -> tuple[str, ...]:
         """The fields holding this node's pytree children: its child operators and any
         traced scalar. Everything else is static structure."""

@@ -65,10 +65,7 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     """
     if not isinstance(op, Operator):
         raise TypeError(f"po.init takes a parop operator, got {type(op).__name__}")
-    return {
-        name: leaf.init_param(name_key(key, name))
-        for name, leaf in op.parameters.items()
-    }
+    return {name: jax.jit(leaf.init_param)(name_key(key, name)) for name, leaf in op.parameters.items()}
 
 
 def check_params(op: Operator, θ: Mapping) -> None:

@@ -10,7 +10,7 @@ def test_demo_runs_and_checks_itself():
     out = subprocess.run([sys.executable, "-m", "parop"], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "parop on 8 cpu devices" in out.stdout
-    assert "total: 6 all_to_all" in out.stdout and "all checks passed" in out.stdout
+    assert "forward:  6 all_to_all" in out.stdout and "all checks passed" in out.stdout
 
 
 def test_plan_and_operator_displays():

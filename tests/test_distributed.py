@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
 import parop as po
+from parop.distributed.operator import _call
 from reference import random_array, random_params, random_tree
 
 
@@ -63,7 +64,7 @@ def test_seed_a_real_3d_dft():
     assert y.dtype == jnp.complex64 and y.shape == (30, 20, 6) and y.sharding.is_equivalent_to(D.out_sharding, 3)
     np.testing.assert_allclose(np.asarray(y), np.fft.rfftn(x), atol=2e-3)
     np.testing.assert_allclose(np.asarray(D.H @ y), np.asarray(F.H @ y), rtol=1e-4, atol=1e-2)
-    assert "all_to_all d0" in str(D.plan) and "total: 2 all_to_all" in str(D.plan)
+    assert "all_to_all d0" in str(D.plan) and "forward:  2 all_to_all" in str(D.plan)
 
 
 def test_seed_b_channel_mixing_and_gradient():
@@ -90,7 +91,7 @@ def test_seed_c_weight_sharing_over_a_batch_axis():
     loss = lambda op: (lambda θ: jnp.sum((op(θ) @ x) ** 2))
     want = np.asarray(jax.grad(loss(M))(θ)["w"])
     np.testing.assert_allclose(np.asarray(jax.grad(loss(D))(θ)["w"]), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
-    assert D.plan.collectives() == {"all_to_all": 0, "psum": 0}
+    assert D.plan.collectives() == dict.fromkeys(["all_to_all", "psum", "psum_scatter", "all_gather", "ppermute"], 0)
     assert θ["w"].sharding.is_fully_replicated
 
 
@@ -165,9 +166,9 @@ def test_jit_vmap_linear_transpose_and_caching():
     np.testing.assert_allclose(np.asarray(t), np.asarray(ts), atol=1e-3)
     _, specs = D._program(())
     D(θ) @ xs[0]
-    before = D._call._cache_size()
+    before = _call._cache_size()
     D(θ) @ xs[1]
-    assert D._call._cache_size() == before == 1  # the second call neither retraces nor recompiles
+    assert _call._cache_size() == before  # the second call neither retraces nor recompiles
     # the Diagonal's weight is split with its axis
     assert specs == [("d", P("d1"))] or specs[0][1] != P()
     placed = po.init(D, jax.random.key(0))["d"]
@@ -178,7 +179,7 @@ def test_jit_vmap_linear_transpose_and_caching():
 def test_per_mode_weights_stay_sharded_with_their_modes():
     W = po.PerModeMatrix(4, 3, (8, 8), name="w")
     D = po.distribute(W, (1, 2, 4))
-    assert D.plan.collectives() == {"all_to_all": 0, "psum": 0}
+    assert not any(D.plan.collectives().values())
     θ = po.init(D, jax.random.key(0))
     assert θ["w"].sharding.spec == P(None, None, "d1", "d2")
     assert θ["w"].addressable_shards[0].data.shape == (4, 3, 4, 2)
@@ -194,7 +195,7 @@ def test_a_split_goes_onto_an_axis_it_does_not_divide_padded_with_zeros(dtype):
     down = po.kron(po.DFT(16, cdtype), po.Restriction(9, slice(0, 7)) @ po.DFT(16, dtype))
     op = po.kron(po.DFT(16, cdtype).inverse(), po.Diagonal(7, cdtype, name="d")) @ down
     D = po.distribute(op, (8, 1))
-    assert D.plan.collectives() == {"all_to_all": 2, "psum": 0}
+    assert D.plan.collectives() == {**dict.fromkeys(["psum", "psum_scatter", "all_gather", "ppermute"], 0), "all_to_all": 2}
     assert "axis 1 padded with 1 zeros" in str(D.plan) and "axis 1 cropped to 7" in str(D.plan)
     θ = random_params(op)
     x = jnp.asarray(random_array(np.random.default_rng(1), (16, 16), dtype))
@@ -248,7 +249,7 @@ F3 = po.kron(po.DFT(30), po.DFT(20), po.DFT(10, "float32"))
     (dict(partition=(0, 1, 1)), r"partition entry 0 must be a positive int, got 0"),
     (dict(partition=(1, -2, 1)), r"partition entry 1 must be a positive int, got -2"),
     (dict(partition=(4, 1, 1)), r"axis 0 of size 30 cannot be split in 4: use a size divisible by 4 \(28 or 32\), or split it in one of \[1, 2, 3, 5, 6, 10, 15, 30\]"),
-    (dict(partition=(2, 1, 1), out_partition=(1, 1, 1)), r"replicates mesh axes .*never gathers"),
+    (dict(partition=(2, 1, 1), out_partition=(1, 1, 1)), r"replicates mesh axes that the input splits.*never gathers"),
     (dict(partition=P("x")), "needs mesh="),
 ])
 def test_bad_distribute_arguments(kwargs, match):
@@ -268,12 +269,12 @@ def test_bad_apply_input():
         D @ jnp.ones((30, 20), jnp.float32)
     with pytest.raises(TypeError, match="takes float32 input, got complex64"):
         D @ jnp.ones((30, 20, 10), jnp.complex64)
-    with pytest.raises(ValueError, match="names 0 batch axes, but the input of shape"):
-        D @ jnp.ones((30, 20, 10, 2), jnp.float32)
+    with pytest.raises(ValueError, match="names 1 batch axes, but the input of shape"):
+        po.distribute(po.Matrix(4, 4, name="m"), (1, 2))(po.init(po.Matrix(4, 4, name="m"), jax.random.key(0))) @ jnp.ones(4, jnp.float32)
     B = po.distribute(po.Matrix(20, 20, name="w"), (1, 4))
     with pytest.raises(ValueError, match=r"input axis 1 of size 10 cannot be split in 4"):
         B(po.init(B, jax.random.key(0))) @ jnp.ones((20, 10), jnp.float32)
     with pytest.raises(ValueError, match=r"parameter 'w'.*missing"):
         B({}) @ jnp.ones((20, 8), jnp.float32)
-    with pytest.raises(TypeError, match="combine operators before distributing"):
-        po.kron(D, po.Identity(2)) @ jnp.ones((30, 20, 10, 2), jnp.float32)
+    with pytest.raises(TypeError, match="kron of a distributed operator"):
+        po.kron(D, po.Identity(2))

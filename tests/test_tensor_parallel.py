@@ -95,10 +95,13 @@ def test_shard_weights_false_replicates_and_bad_values():
 
 
 def test_auto_prefers_less_weight_memory_when_traffic_ties():
-    """Replicated and column-parallel both move nothing here: "auto" takes the one that
-    holds less of the weight on each device."""
+    """For inference, replicated and column-parallel both move nothing here: "auto" takes
+    the one that holds less of the weight on each device. For training, column-parallel
+    costs an all-reduce of the input's gradient, and the replicated weight none."""
     mesh = mesh_of((2, "t"))
     op = po.kron(po.Identity(2), po.Matrix(8, 4, name="w"))
-    D = po.distribute(op, P(), mesh=mesh, out_partition="auto")
+    D = po.distribute(op, P(), mesh=mesh, out_partition="auto", cost=po.CostModel(training=False))
     assert "column-parallel" in str(D.plan) and D.plan.bytes == 0
     assert po.init(D, jax.random.key(0))["w"].addressable_shards[0].data.shape == (4, 4)
+    D = po.distribute(op, P(), mesh=mesh, out_partition="auto")
+    assert "parallel" not in str(D.plan) and D.plan.bytes == D.plan.backward_bytes == 0

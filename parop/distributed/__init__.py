@@ -2,6 +2,6 @@
 users hold."""
 
 from .operator import DistributedOperator, distribute
-from .plan import Plan
+from .plan import CostModel, Plan
 
-__all__ = ["DistributedOperator", "Plan", "distribute"]
+__all__ = ["CostModel", "DistributedOperator", "Plan", "distribute"]

@@ -63,22 +63,51 @@ def mesh_name(axis: int) -> str:
     return f"d{axis}"
 
 
-def default_mesh(partition: tuple[int, ...], where: str) -> tuple[Mesh, Layout]:
+def default_mesh(partition: tuple[int, ...], where: str, regroup: tuple[int, ...] | None = None
+                 ) -> tuple[Mesh, Layout]:
     """A mesh over the first `prod(partition)` devices, one mesh axis (`d{i}`) per split
-    tensor axis, and the input layout it gives."""
+    tensor axis, and the input layout it gives. Where an output partition `regroup`
+    cannot be made of those mesh axes (`(8, 1, 1)` to `(2, 2, 2)`), each is cut into
+    its prime factors (`d0`, `d0_1`, `d0_2`: one tensor axis split over several mesh
+    axes), which can be regrouped into any counts of the same product."""
     devices = jax.devices()
     total = math.prod(partition)
     if total > len(devices):
         raise ValueError(
             f"{where}: partition {partition} needs {total} devices, but {len(devices)} are available"
         )
-    axes = [(mesh_name(i), p) for i, p in enumerate(partition) if p > 1] or [("d", 1)]
+    sizes = [[p] if p > 1 else [] for p in partition]
+    if regroup is not None and not _groups(sum(sizes, []), [c for c in regroup if c > 1]):
+        sizes = [_primes(p) for p in partition]
+    names = [[mesh_name(i) + (f"_{k}" if k else "") for k in range(len(s))] for i, s in enumerate(sizes)]
+    axes = [(n, p) for ns, ps in zip(names, sizes) for n, p in zip(ns, ps)] or [("d", 1)]
     mesh = jax.make_mesh(
         tuple(p for _, p in axes), tuple(n for n, _ in axes),
         axis_types=(AxisType.Auto,) * len(axes), devices=devices[:total],
     )
-    layout = tuple((mesh_name(i),) if p > 1 else () for i, p in enumerate(partition))
-    return mesh, layout
+    return mesh, tuple(tuple(ns) for ns in names)
+
+
+def _primes(n: int) -> list[int]:
+    out, f = [], 2
+    while n > 1:
+        while n % f == 0:
+            out.append(f)
+            n //= f
+        f += 1
+    return out
+
+
+def _groups(sizes: list[int], counts: list[int]) -> bool:
+    """Whether `sizes` can be split into groups whose products are `counts`."""
+    if not counts:
+        return not sizes
+    if not sizes:
+        return False
+    first, rest = sizes[0], sizes[1:]
+    return any(counts[i] % first == 0 and _groups(rest, counts[:i] + ([counts[i] // first] if counts[i] > first else [])
+                                                   + counts[i + 1:])
+               for i in range(len(counts)))
 
 
 def layout_on_mesh(counts: tuple[int, ...], mesh: Mesh, where: str) -> Layout:
@@ -98,34 +127,6 @@ def layout_on_mesh(counts: tuple[int, ...], mesh: Mesh, where: str) -> Layout:
             )
         free.remove(fits[0])
         layout.append((fits[0],))
-    return tuple(layout)
-
-
-def layout_for_counts(counts: tuple[int, ...], like: Layout, mesh: Mesh, where: str) -> Layout:
-    """The layout that splits axis i in `counts[i]` pieces, using the mesh axes of
-    `like` (preferring the one already on axis i). A `ValueError` where the counts do
-    not use exactly those mesh axes."""
-    pool = [axes for axes in like if axes]
-    layout = []
-    for i, p in enumerate(counts):
-        if p == 1:
-            layout.append(())
-            continue
-        fits = [a for a in pool if math.prod(mesh.shape[n] for n in a) == p]
-        if not fits:
-            raise ValueError(
-                f"{where}: out_partition {counts} does not match the input's splits "
-                f"{tuple(split_sizes(like, mesh.shape))}: parop moves splits between axes, "
-                "it neither gathers nor adds them"
-            )
-        pick = like[i] if like[i] in fits else fits[0]
-        pool.remove(pick)
-        layout.append(pick)
-    if pool:
-        raise ValueError(
-            f"{where}: out_partition {counts} replicates mesh axes {pool} that the input "
-            "splits: parop never gathers a split axis onto every device"
-        )
     return tuple(layout)
 
 

@@ -3,7 +3,8 @@
 This is the only place that calls `shard_map` and collectives. Each parameter enters
 the program once per layout it is used in, with the `PartitionSpec` of the axes it
 runs along (replicated where the operator needs it whole), so JAX places it once and
-sums the gradient of a replicated weight over the devices.
+sums the gradient of a replicated weight over the devices. Traced scalars (`c * A`
+with `c` a JAX array) enter as replicated inputs, so a new value reuses the program.
 """
 
 from __future__ import annotations
@@ -15,72 +16,109 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from ..algebra import conj, times
 from ..operators import dft
 from .layout import layout_of, spec_of, split_sizes
-from .plan import Action, AllToAll, Branch, Local, Plan, Split, _walk
+from .plan import AllToAll, Branch, Gather, Local, Plan, Slot, Split, Visit
+
+WeightKey = tuple[str, PartitionSpec]
 
 
-def weight_specs(plan: Plan) -> list[tuple[str, PartitionSpec]]:
+def weight_specs(plan: Plan) -> list[WeightKey]:
     """`(name, spec)` for each parameter input of the program, in order: the layout of
     the axes each weight runs along where its leaf runs."""
-    seen: list[tuple[str, PartitionSpec]] = []
-    for action in _walk(plan.actions):
-        if isinstance(action, Local) and action.step.leaf is not None and action.step.leaf.param_shape:
-            key = (action.step.leaf.name, _spec(action, action.step.leaf))
-            if key not in seen:
-                seen.append(key)
+    seen: list[WeightKey] = []
+    for visit in _all(plan.visits):
+        key = _weight_key(visit)
+        if key is not None and key not in seen:
+            seen.append(key)
     return seen
 
 
-def _fuse_ffts(actions: tuple[Action, ...]) -> list:
-    """`actions` with each run of consecutive local DFTs (see `dft.fusable`) as one
-    list `[(leaf, axis), ...]`, which runs as a single multi-axis FFT."""
+def _all(visits):
+    for visit in visits:
+        yield visit
+        for term in visit.terms:
+            yield from _all(term)
+
+
+def _weight_key(visit: Visit) -> WeightKey | None:
+    action = visit.action
+    if not isinstance(action, Local):
+        return None
+    spec = action.weight_spec(visit.before)
+    return None if spec is None else (action.step.leaf.name, spec_of(spec))
+
+
+def _fuse_ffts(visits) -> list:
+    """`visits` with each run of consecutive local DFTs (see `dft.fusable`) as one list
+    `[(leaf, axis), ...]`, which runs as a single multi-axis FFT."""
     out: list = []
-    for action in actions:
-        leaf = action.step.leaf if isinstance(action, Local) and not action.psum else None
+    for visit in visits:
+        action = visit.action
+        leaf = action.step.leaf if isinstance(action, Local) and not (action.psum or action.gather) else None
         axis = action.step.axes[0] if leaf is not None else None
         if leaf is not None and out and isinstance(out[-1], list) and dft.fusable(out[-1], leaf, axis):
             out[-1].append((leaf, axis))
         elif leaf is not None and dft.fusable([], leaf, axis):
             out.append([(leaf, axis)])
         else:
-            out.append(action)
+            out.append(visit)
     return out
 
 
-def _run(actions: tuple[Action, ...], x: jax.Array, weights: dict, mesh: Mesh) -> jax.Array:
-    for action in _fuse_ffts(actions):
-        if isinstance(action, list):
-            x = dft.apply_fused(action, x)
+def _run(visits, x: jax.Array, weights: dict, scalars: tuple, mesh: Mesh) -> jax.Array:
+    for visit in _fuse_ffts(visits):
+        if isinstance(visit, list):
+            x = dft.apply_fused(visit, x)
             continue
+        action = visit.action
         if isinstance(action, AllToAll):
-            name = action.axes if len(action.axes) > 1 else action.axes[0]
             x = _pad(x, action.dst, action.pad)
-            x = lax.all_to_all(x, name, split_axis=action.dst, concat_axis=action.src, tiled=True)
+            x = lax.all_to_all(x, _names(action.axes), split_axis=action.dst, concat_axis=action.src, tiled=True)
             if action.crop:
                 x = lax.slice_in_dim(x, 0, action.crop, axis=action.src)
         elif isinstance(action, Split):
-            size = x.shape[action.dst] // mesh.shape[action.axis]
-            start = lax.axis_index(action.axis) * size
-            x = lax.dynamic_slice_in_dim(x, start, size, axis=action.dst)
+            x = _pad(x, action.dst, action.pad)
+            size = x.shape[action.dst] // visit.before.group(action.axes)
+            x = lax.dynamic_slice_in_dim(x, lax.axis_index(_names(action.axes)) * size, size, axis=action.dst)
+        elif isinstance(action, Gather):
+            x = lax.all_gather(x, _names(action.axes), axis=action.src, tiled=True)
+            if action.crop:
+                x = lax.slice_in_dim(x, 0, action.crop, axis=action.src)
         elif isinstance(action, Branch):
-            terms = [_run(term, x, weights, mesh) for term in action.terms]
+            terms = [_run(term, x, weights, scalars, mesh) for term in visit.terms]
             x = terms[0]
             for t in terms[1:]:
                 x = x + t
         else:
-            step = action.step
-            if step.leaf is None:
-                x = step.c * x
-                continue
-            leaf = step.leaf
-            w = weights.get((leaf.name, _spec(action, leaf))) if leaf.param_shape else None
-            x = leaf._forward(w, x, step.axes[0])
-            if action.scatter:
-                x = lax.psum_scatter(x, action.psum, scatter_dimension=step.axes[0], tiled=True)
-            elif action.psum:
-                x = lax.psum(x, action.psum)
+            x = _local(visit, x, weights, scalars)
     return x
+
+
+def _local(visit: Visit, x: jax.Array, weights: dict, scalars: tuple) -> jax.Array:
+    action, step = visit.action, visit.action.step
+    if action.gather:
+        x = lax.all_gather(x, _names(action.gather), axis=step.axes[0], tiled=True)
+    if step.conj:
+        x = conj(x)
+    elif step.leaf is None:
+        c = step.scalar
+        if isinstance(c, Slot):
+            c = conj(scalars[c.index]) if c.conj else scalars[c.index]
+        x = times(c, x)
+    else:
+        key = _weight_key(visit)
+        x = step.leaf._forward(None if key is None else weights[key], x, step.axes[0])
+    if action.scatter:
+        x = lax.psum_scatter(x, _names(action.psum), scatter_dimension=step.axes[0], tiled=True)
+    elif action.psum:
+        x = lax.psum(x, _names(action.psum))
+    return x
+
+
+def _names(axes: tuple[str, ...]):
+    return axes if len(axes) > 1 else axes[0]
 
 
 def _pad(x: jax.Array, axis: int, count: int) -> jax.Array:
@@ -112,41 +150,31 @@ def _padded_weight(w: jax.Array, spec: PartitionSpec, mesh: Mesh) -> jax.Array:
     return w
 
 
-def _spec(action: Local, leaf) -> PartitionSpec:
-    """The spec of `leaf`'s weight where `action` runs it: as the plan shards it (tensor
-    parallelism), else each weight axis split as the tensor axis it runs along, and
-    replicated where the leaf needs it whole."""
-    if action.weight_split is not None:
-        return spec_of(action.weight_split)
-    first = action.step.axes[0]
-    return spec_of(tuple(() if a is None else action.layout[first + a] for a in leaf.param_axes))
-
-
-def _placer(mesh: Mesh) -> Callable:
+def placer(mesh: Mesh) -> Callable:
     """How to pin an array to a sharding inside `jit` on this mesh."""
     if all(t == AxisType.Explicit for t in mesh.axis_types):
         return jax.sharding.reshard
     return lax.with_sharding_constraint
 
 
-def lower(plan: Plan, mesh: Mesh) -> tuple[Callable, list[tuple[str, PartitionSpec]]]:
-    """The jitted program `f(x, *weights) -> y` for `plan`, and the `(name, spec)` of the
-    weights it takes."""
+def lower(plan: Plan, mesh: Mesh) -> tuple[Callable, list[WeightKey]]:
+    """The jitted program `f(x, *weights, scalars=()) -> y` for `plan` (`weights` in the
+    order of the returned `(name, spec)` list, `scalars` the operator's traced scalars)."""
     specs = weight_specs(plan)
     in_spec, out_spec = spec_of(plan.in_layout), spec_of(plan.out_layout)
-    place = _placer(mesh)
+    visits = plan.visits
+    place = placer(mesh)
 
-    def body(x, *ws):
-        return _run(plan.actions, x, dict(zip(specs, ws)), mesh)
+    def body(x, ws, scalars):
+        return _run(visits, x, dict(zip(specs, ws)), scalars, mesh)
 
-    program = jax.shard_map(
-        body, mesh=mesh, in_specs=(in_spec, *(s for _, s in specs)), out_specs=out_spec
-    )
-
-    @jax.jit
-    def run(x, *ws):
+    def run(x, *ws, scalars=()):
+        program = jax.shard_map(
+            body, mesh=mesh, out_specs=out_spec,
+            in_specs=(in_spec, [s for _, s in specs], [PartitionSpec()] * len(scalars)),
+        )
         x = place(x, NamedSharding(mesh, in_spec))
         ws = [place(_padded_weight(w, s, mesh), NamedSharding(mesh, s)) for w, (_, s) in zip(ws, specs)]
-        return program(x, *ws)
+        return program(x, ws, list(scalars))
 
-    return run, specs
+    return jax.jit(run), specs

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..operator import Operator, Params, _as_input_dtype, _as_tensor
-from ..params import check_params, init
+from ..operators import Role
+from ..params import check_params, init, name_key
 from .layout import (
-    Layout, check_partition, default_mesh, layout_for_counts, layout_of, layout_on_mesh, sharding,
-    split_sizes,
+    Layout, check_partition, default_mesh, layout_of, layout_on_mesh, sharding, spec_of, split_sizes,
 )
 from .lower import lower, stored_spec
-from .plan import Plan, make_plan
+from .plan import CostModel, Goal, Plan, counts_goal, default_goal, make_plan
+from .plan.program import program
 
 OutPartition = None | Literal["auto"] | tuple | PartitionSpec
+PLANS_KEPT = 64  # plans (and programs) each distributed operator keeps, one per input shape
 
 
 def _divisors(n: int) -> list[int]:
@@ -48,9 +53,32 @@ def place(value, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """What a distributed operator is besides its serial operator: the mesh, the input
+    layout of the domain and the batch axes the partition names, the wanted output,
+    the machine model. Its plans and programs are kept here, one per input shape, and
+    shared by `D`, `D.H` and every copy JAX makes of them (a `Setup` is compared by
+    identity: it is their static pytree data)."""
+
+    mesh: Mesh
+    in_layout: Layout
+    out: object  # None, "auto", a Layout, or ("counts", counts)
+    cost: CostModel
+    shard_weights: bool | str
+    where: str
+    plans: OrderedDict = field(default_factory=OrderedDict)
+
+
 class DistributedOperator(Operator):
     """An operator run as one `shard_map` program over a device mesh: the same linear
     map as `op` on global arrays. Made by `po.distribute`.
+
+    It takes what a serial operator takes: tensors `domain_shape + batch` (trailing batch
+    axes the partition does not name are replicated) or flat `(N,)`/`(N, b)` input;
+    `D.H` runs the transpose of `D`'s plan; `D2 @ D1`, `D1 + D2` and `c * D` combine
+    distributed operators (each runs its program, `D1.out_sharding` feeding `D2`);
+    `po.kron` of a distributed operator is a `TypeError`.
 
     ```python
     >>> D = po.distribute(po.kron(po.DFT(64), po.DFT(64), po.DFT(64)), partition=(2, 2, 2))
@@ -59,108 +87,109 @@ class DistributedOperator(Operator):
     ```
     """
 
-    def __init__(self, op: Operator, mesh: Mesh, in_layout: Layout | None, out: str | Layout | None,
-                 where: str, shard_weights: bool | str = "auto", adjoint_of: "DistributedOperator | None" = None):
+    distributed = True
+
+    def __init__(self, op: Operator, setup: Setup, adjoint: bool = False):
+        shown = op.H if adjoint else op
         for name in ("domain_shape", "range_shape", "dtype", "range_dtype"):
-            object.__setattr__(self, name, getattr(op, name))
+            object.__setattr__(self, name, getattr(shown, name))
         object.__setattr__(self, "op", op)
-        object.__setattr__(self, "mesh", mesh)
-        object.__setattr__(self, "_in", in_layout)
-        object.__setattr__(self, "_out", out)
-        object.__setattr__(self, "_where", where)
-        object.__setattr__(self, "_adjoint_of", adjoint_of)
-        object.__setattr__(self, "shard_weights", shard_weights)
-        object.__setattr__(self, "_plans", {})
-        object.__setattr__(self, "_programs", {})
+        object.__setattr__(self, "setup", setup)
+        object.__setattr__(self, "adjoint", adjoint)
 
     # -- the operator interface ----------------------------------------------------------
     def out_dtype(self, dtype):
-        return self.op.out_dtype(dtype)
+        return (self.op.H if self.adjoint else self.op).out_dtype(dtype)
 
     def children(self):
         return (self.op,)
 
-    def _apply(self, θ, x, axis):
-        raise TypeError(
-            f"{self!r} is distributed: combine operators before distributing them, "
-            "po.distribute(A @ B, ...), not po.distribute(A, ...) @ B"
-        )
-
-    def _adjoint(self) -> "DistributedOperator":
-        return DistributedOperator(self.op.H, self.mesh, None, None, f"{self._where}.H", self.shard_weights,
-                                   adjoint_of=self)
+    def _tree_fields(self):
+        return ("op",)
 
     def _key(self) -> tuple:
-        return ("DistributedOperator", id(self))
+        return ("DistributedOperator", self.op._key(), id(self.setup), self.adjoint)
+
+    def _apply(self, θ, x, axis):
+        return self._call(θ, x)
+
+    def _adjoint(self) -> "DistributedOperator":
+        return DistributedOperator(self.op, self.setup, not self.adjoint)
 
     def describe(self) -> str:
         from ..display import short
 
-        return f"distribute({short(self.op)}, {self.in_sharding.spec})"
+        text = f"distribute({short(self.op)}, {spec_of(self.setup.in_layout)})"
+        return text + ".H" if self.adjoint else text
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.setup.mesh
+
+    @property
+    def cost(self) -> CostModel:
+        return self.setup.cost
 
     # -- layouts and plans ---------------------------------------------------------------
     @property
     def n_batch(self) -> int:
         """The number of trailing batch axes the partition names."""
-        source = self if self._adjoint_of is None else self._adjoint_of
-        return len(source._in) - source.op.ndim
+        return len(self.setup.in_layout) - self.op.ndim
 
     def plan_for(self, batch_shape: tuple[int, ...] = ()) -> Plan:
-        """The plan for inputs with these trailing batch axes (planned once, cached)."""
-        batch_shape = tuple(batch_shape)
-        if batch_shape not in self._plans:
-            self._plans[batch_shape] = self._make_plan(batch_shape)
-        return self._plans[batch_shape]
+        """The plan for inputs with these trailing batch axes (planned once, kept)."""
+        return self._compiled(tuple(batch_shape))[0]
 
-    def _make_plan(self, batch_shape) -> Plan:
-        shape = self.domain_shape + batch_shape
-        if len(batch_shape) != self.n_batch:
+    def _compiled(self, batch_shape: tuple[int, ...]):
+        """`(plan, (program, weight specs))` for inputs with `batch_shape`."""
+        plans = self.setup.plans
+        key = (batch_shape, self.adjoint)
+        if key not in plans:
+            plan = self._forward_plan(batch_shape)
+            if self.adjoint:
+                plan = plan.transpose(self.op.H)
+            plans[key] = (plan, lower(plan, self.mesh))
+            while len(plans) > PLANS_KEPT:
+                plans.popitem(last=False)
+        plans.move_to_end(key)
+        return plans[key]
+
+    def _forward_plan(self, batch_shape) -> Plan:
+        if self.adjoint:
+            return DistributedOperator(self.op, self.setup)._compiled(batch_shape)[0]
+        setup = self.setup
+        named = len(setup.in_layout) - self.op.ndim
+        if len(batch_shape) < named:
             raise ValueError(
-                f"{self._where}: the partition names {self.n_batch} batch axes, but the input "
-                f"of shape {shape} has {len(batch_shape)}"
+                f"{setup.where}: the partition names {named} batch axes, but the input of shape "
+                f"{self.op.domain_shape + batch_shape} has {len(batch_shape)}"
             )
-        if self._adjoint_of is not None:
-            forward = self._adjoint_of.plan_for(batch_shape)
-            in_layout, target = forward.out_layout, forward.in_layout
-            accept = lambda layout: layout == target
+        shape = self.op.domain_shape + batch_shape
+        in_layout = setup.in_layout + ((),) * (len(batch_shape) - named)  # unnamed batch axes: replicated
+        check_splits(shape, in_layout, self.mesh, setup.where)
+        out_shape = self.op.range_shape + batch_shape
+        out = setup.out
+        if out is None:
+            goal = default_goal(in_layout, out_shape, self.mesh.shape)
+        elif out == "auto":
+            goal = Goal.any()
+        elif out[0] == "counts":
+            goal = counts_goal(out[1] + (1,) * (len(shape) - len(out[1])), in_layout, self.mesh.shape)
         else:
-            in_layout = self._in
-            accept = self._acceptor(in_layout, shape)
-        check_splits(shape, in_layout, self.mesh, self._where)
-        return make_plan(self.op, shape, in_layout, self.mesh.shape, accept, self._where,
-                         shard_weights=self.shard_weights)
-
-    def _acceptor(self, in_layout: Layout, shape):
-        out = self._out
-        if out == "auto":
-            return lambda layout: True
-        if out is not None:
-            return lambda layout: layout == out
-        out_shape = self.range_shape + shape[self.op.ndim:]
-        # an axis keeps its split where the output size allows; a split an axis cannot
-        # keep goes where it costs least (after the kept split of another axis)
-        kept = [axes if axes and n % math.prod(self.mesh.shape[m] for m in axes) == 0 else None
-                for axes, n in zip(in_layout, out_shape)]
-        reduced = {m for axes, n in zip(in_layout, out_shape) if n == 1 for m in axes}
-        replicated = set(self.mesh.axis_names) - {m for axes in in_layout for m in axes}
-
-        def accept(layout):
-            used = {m for axes in layout for m in axes}
-            return (all(k is None or axes[:len(k)] == k for k, axes in zip(kept, layout))
-                    and not used & (reduced | replicated))
-
-        return accept
+            goal = Goal.layout(out[1] + ((),) * (len(shape) - len(out[1])))
+        return make_plan(self.op, shape, in_layout, self.mesh.shape, goal, setup.cost, setup.where,
+                         setup.shard_weights)
 
     def _default_batch(self) -> tuple[int, ...]:
-        """The batch shape whose plan `D.plan` and `po.init(D)` use: the only one without
-        batch axes, else the last one planned (or, before any call, a large batch that
-        every split divides: 1024 per device)."""
+        """The batch shape whose plan `D.plan` and `po.init(D)` use: none where the
+        partition names none, else the last one planned (or, before any call, a large
+        batch that every split divides: 1024 per device)."""
         if self.n_batch == 0:
             return ()
-        if self._plans:
-            return next(reversed(self._plans))
-        source = self if self._adjoint_of is None else self._adjoint_of
-        return tuple(p * 1024 for p in split_sizes(source._in, self.mesh.shape)[source.op.ndim:])
+        named = [key[0] for key in self.setup.plans if len(key[0]) == self.n_batch]
+        if named:
+            return named[-1]
+        return tuple(p * 1024 for p in split_sizes(self.setup.in_layout, self.mesh.shape)[self.op.ndim:])
 
     @property
     def plan(self) -> Plan:
@@ -179,7 +208,7 @@ class DistributedOperator(Operator):
         """Where `po.init(D, key)` puts each weight: split as the axes it runs along
         (where it is first used), replicated where its operator needs it whole
         (or where its split is uneven: see `stored_spec`)."""
-        _, specs = self._program(self._default_batch())
+        _, (_, specs) = self._compiled(self._default_batch())
         out: dict[str, NamedSharding] = {}
         for name, spec in specs:
             shape = self.parameters[name].param_shape
@@ -189,20 +218,21 @@ class DistributedOperator(Operator):
         return out
 
     def _program(self, batch_shape):
-        if batch_shape not in self._programs:
-            self._programs[batch_shape] = lower(self.plan_for(batch_shape), self.mesh)
-        return self._programs[batch_shape]
+        """`(jitted program, weight specs)` for inputs with these batch axes."""
+        return self._compiled(tuple(batch_shape))[1]
 
     # -- application ---------------------------------------------------------------------
     def apply(self, θ: Params | None, x) -> jax.Array:
         θ = {} if θ is None else θ
         if not isinstance(θ, Mapping):
             check_params(self, θ)  # raises the TypeError
+        if not isinstance(x, jax.Array):
+            x = jnp.asarray(x)
+        if x.size == 0:  # nothing to plan or move: the empty result, as the serial operator gives
+            return self.op.H.apply(θ, x) if self.adjoint else self.op.apply(θ, x)
         weights = {name: self._onto_mesh(θ[name], lambda: self.param_shardings()[name])
                    for name in self.parameters if name in θ}
-        tensor = lambda: self.in_sharding if np.ndim(x) == self.op.ndim + self.n_batch \
-            else NamedSharding(self.mesh, PartitionSpec())  # noqa: E731  (flat input)
-        return self._call(weights, self._onto_mesh(x, tensor))
+        return self._call(weights, x)
 
     def _onto_mesh(self, value, sharding):
         """`value` itself where `jit` can take it with this mesh's arrays (uncommitted,
@@ -215,25 +245,42 @@ class DistributedOperator(Operator):
             return value
         return jax.device_put(value, sharding())
 
-    @property
-    def _call(self):
-        """`(θ, x) -> y` under `jax.jit`: the checks and the flat/tensor handling run
-        when it traces, so a call costs what the jitted program's dispatch costs."""
+    def _call(self, θ, x):
+        """`A(θ) @ x` under `jax.jit`: the checks and the flat/tensor handling run when it
+        traces, so a call costs what the jitted program's dispatch costs."""
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        x = self._onto_mesh(x, lambda: self._input_sharding(x))
+        D = jax.tree.map(lambda c: self._onto_mesh(c, lambda: replicated), self)  # its traced scalars
+        return _call(D, θ, x)
 
-        def call(θ, x):
-            x, unflatten = _as_tensor(self, x)
-            x = _as_input_dtype(self, x)
-            check_params(self, θ)
-            run, specs = self._program(tuple(x.shape[self.ndim:]))
-            return unflatten(run(x, *(θ[name] for name, _ in specs)))
+    def _input_sharding(self, x) -> NamedSharding:
+        """Where the program wants `x`: its plan's input layout (replicated for flat input)."""
+        if x.shape[:self.ndim] == self.domain_shape:
+            return sharding(self.mesh, self.plan_for(x.shape[self.ndim:]).in_layout)
+        return NamedSharding(self.mesh, PartitionSpec())
 
-        return self._cache("_jitted_call", lambda: jax.jit(call))
+
+@jax.jit
+def _call(D: DistributedOperator, θ, x):
+    x, unflatten = _as_tensor(D, x)
+    x = _as_input_dtype(D, x)
+    check_params(D, θ)
+    run, specs = D._program(tuple(x.shape[D.ndim:]))
+    return unflatten(run(x, *(θ[name] for name, _ in specs), scalars=tuple(jax.tree.leaves(D.op))))
 
 
 @init.register
 def _(op: DistributedOperator, key: jax.Array) -> dict[str, jax.Array]:
+    """Each weight drawn where it lives: a jitted initialiser with the weight's sharding as
+    its output sharding, so every device computes only its own shard (the same values
+    as `po.init` of the serial operator)."""
     shardings = op.param_shardings()
-    return {name: place(value, shardings[name]) for name, value in init(op.op, key).items()}
+    return {name: _drawn(leaf, shardings[name])(name_key(key, name))
+            for name, leaf in op.parameters.items()}
+
+
+def _drawn(leaf, sharding: NamedSharding):
+    return jax.jit(leaf.init_param, out_shardings=sharding)
 
 
 def distribute(
@@ -243,27 +290,30 @@ def distribute(
     out_partition: OutPartition = None,
     mesh: Mesh | None = None,
     shard_weights: bool | Literal["auto"] = "auto",
+    cost: CostModel | None = None,
 ) -> DistributedOperator:
     """`op` as one `shard_map` program over a device mesh: the same linear map.
 
     - `partition`: one positive int per input axis (domain axes, then any trailing batch
       axes): how many pieces each is split in, on a mesh over the first
       `prod(partition)` devices with one mesh axis `d{i}` per split axis. Or a
-      `PartitionSpec` with `mesh=` (Auto or Explicit axes), used as given.
+      `PartitionSpec` with `mesh=` (Auto or Explicit axes), used as given. Trailing
+      batch axes it does not name are replicated.
     - `out_partition`: `None` (the input's layout wherever the output sizes allow; a
-      `Reduce`d axis comes back replicated), a tuple or `PartitionSpec`, or `"auto"`
-      (the cheapest layout; `D.out_sharding` says which).
+      split an axis cannot keep goes where it costs least; a `Reduce`d axis comes back
+      replicated), a tuple of counts (any arrangement of the input's mesh axes with those
+      splits, the cheapest: `(2, 2, 2)` to `(8, 1, 1)` regroups them), a
+      `PartitionSpec`, or `"auto"` (the cheapest layout; `D.out_sharding` says which).
     - `shard_weights`: how a `Matrix` on a split axis (or with a free mesh axis) may
-      run. `"auto"`: the planner picks, by bytes moved, between moving the activations
-      and replicating the weight, and the tensor-parallel forms: row-parallel (the
-      weight split by columns with the input's split, partial products, `psum` or
-      `psum_scatter`) and column-parallel (the weight split by rows over a free mesh
-      axis, the output split the same way, no traffic). `True`: every `Matrix` weight
-      is sharded (a `ValueError` where no form fits). `False`: always replicated.
-
-    The planner makes axes an operator needs whole local by `all_to_all` moves, keeps
-    `Identity`/`Diagonal` axes split, and turns a `Reduce` over a split axis into a
-    `psum`; `print(D.plan)` shows the program.
+      run. `"auto"`: the planner picks between moving the activations and replicating
+      the weight, and the tensor-parallel forms: row-parallel (the weight split by
+      columns with the input's split, partial products, `psum` or `psum_scatter`) and
+      column-parallel (the weight split by rows over a free mesh axis). `True`: every
+      `Matrix` weight is sharded (a `ValueError` where no form fits). `False`: always
+      replicated.
+    - `cost`: the machine model (`po.CostModel`): what a collective's start-up is worth,
+      and whether to plan for training (forward + backward, the default) or inference.
+      It goes with `D`, `D.H` and every batch shape's plan of `D`.
 
     ```python
     >>> F = po.kron(po.DFT(30), po.DFT(20), po.DFT(10, dtype=jnp.float32))
@@ -271,9 +321,18 @@ def distribute(
     >>> y = D @ x                 # == np.fft.rfftn(x), sharded as D.out_sharding
     ```
     """
-    if not isinstance(op, Operator) or isinstance(op, DistributedOperator):
+    if not isinstance(op, Operator) or getattr(op, "distributed", False):
         raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
     where = f"distribute({op!r})"
+    program(op, op.domain_shape)  # an operator the planner cannot read fails here
+    cost = CostModel() if cost is None else cost
+    if not isinstance(cost, CostModel):
+        raise TypeError(f"{where}: cost must be a po.CostModel, got {type(cost).__name__}")
+    if shard_weights not in (True, False, "auto"):
+        raise ValueError(f"{where}: shard_weights must be True, False or 'auto', got {shard_weights!r}")
+    counts = None
+    if out_partition is not None and out_partition != "auto" and not isinstance(out_partition, PartitionSpec):
+        counts = check_partition(out_partition, where)
     if isinstance(partition, PartitionSpec):
         if mesh is None:
             raise ValueError(f"{where}: a PartitionSpec partition needs mesh=")
@@ -281,34 +340,37 @@ def distribute(
     else:
         partition = check_partition(partition, where)
         if len(partition) < op.ndim:
-            _wrong_length(where, op, partition)
+            raise ValueError(
+                f"{where}: partition {tuple(partition)} has {len(partition)} entries, but the operator's "
+                f"input has {op.ndim} axes (domain {op.domain_shape}), plus any trailing batch axes"
+            )
         if mesh is None:
-            mesh, in_layout = default_mesh(partition, where)
+            mesh, in_layout = default_mesh(partition, where, regroup=counts)
         else:
             in_layout = layout_on_mesh(partition, mesh, where)
     check_splits(op.domain_shape, in_layout, mesh, where)  # batch axes: at the first call
-    out: str | Layout | None
-    if out_partition is None or out_partition == "auto":
-        out = out_partition
-    elif isinstance(out_partition, PartitionSpec):
-        out = layout_of(out_partition, len(in_layout), mesh, where)
-    else:
-        counts = check_partition(out_partition, where)
-        if len(counts) != len(in_layout):
-            raise ValueError(
-                f"{where}: out_partition has {len(counts)} entries, the output has {len(in_layout)} axes"
-            )
-        out = layout_for_counts(counts, in_layout, mesh, where)
-    if shard_weights not in (True, False, "auto"):
-        raise ValueError(f"{where}: shard_weights must be True, False or 'auto', got {shard_weights!r}")
-    D = DistributedOperator(op, mesh, in_layout, out, where, shard_weights)
+    out: object = out_partition
+    if isinstance(out_partition, PartitionSpec):
+        out = ("layout", layout_of(out_partition, len(in_layout), mesh, where))
+    elif counts is not None:
+        out = ("counts", _check_counts(counts, in_layout, mesh, op, where))
+    D = DistributedOperator(op, Setup(mesh, in_layout, out, cost, shard_weights, where))
     if D.n_batch == 0:
         D.plan_for(())  # plan now, so that bad input fails here and not at the first call
     return D
 
 
-def _wrong_length(where, op, partition):
-    raise ValueError(
-        f"{where}: partition {tuple(partition)} has {len(partition)} entries, but the operator's "
-        f"input has {op.ndim} axes (domain {op.domain_shape}), plus any trailing batch axes"
-    )
+def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, op: Operator, where: str):
+    """`counts` if an arrangement of the input's mesh axes cuts the axes so (a
+    `ValueError` naming what is wrong otherwise)."""
+    if len(counts) != len(in_layout):
+        raise ValueError(f"{where}: out_partition has {len(counts)} entries, the output has {len(in_layout)} axes")
+    sizes = [mesh.shape[n] for axes in in_layout for n in axes]
+    reduces = any(r is Role.REDUCE for s in program(op, op.domain_shape).steps for r in s.roles)
+    if math.prod(counts) > math.prod(sizes) or (math.prod(counts) < math.prod(sizes) and not reduces):
+        raise ValueError(
+            f"{where}: out_partition {counts} splits over {math.prod(counts)} devices, the input over "
+            f"{math.prod(sizes)} (mesh axes of sizes {sizes}): it adds or replicates mesh axes that the input "
+            "splits, and parop moves splits between axes, it never gathers a split axis onto every device"
+        )
+    return counts

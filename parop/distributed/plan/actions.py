@@ -1,0 +1,261 @@
+"""The actions of a plan, what each one costs (the collectives it runs forward and,
+for `jax.grad`, backward), and its transpose.
+
+A plan is a list of actions from the input layout to the output layout:
+
+- `Local`: run a step on each device's block (its axes as it needs them), with a
+  collective after it where the step sums over a split axis (`psum`, `psum_scatter`),
+  or an `all_gather` before it (the transpose of a `psum_scatter`);
+- `AllToAll`: move the minor mesh axes of one tensor axis to another;
+- `Split`: cut a replicated tensor axis over free mesh axes (a local slice);
+- `Gather`: its transpose, an `all_gather`;
+- `Branch`: a sum, each term's actions from the same layout to a common one.
+
+`State` is what the planner knows of the tensor between two actions: global sizes,
+layout, itemsize. Every action's collectives are computed from the state it starts in
+(`collectives`), by the search and by the replay of a finished plan alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Union
+
+import numpy as np
+
+from ...operators import Role
+from ..layout import Layout
+from .cost import ALL_GATHER, ALL_TO_ALL, PPERMUTE, PSUM, PSUM_SCATTER, Collective, sent
+from .program import Program, Step
+
+
+@dataclass(frozen=True)
+class State:
+    """The tensor between two actions: its global `sizes` (true sizes: an axis a split
+    does not divide is held padded with zeros), `layout` and `itemsize`."""
+
+    sizes: tuple[int, ...]
+    layout: Layout
+    itemsize: int
+    mesh: tuple[tuple[str, int], ...]
+
+    @cached_property
+    def mesh_sizes(self) -> dict[str, int]:
+        return dict(self.mesh)
+
+    def split(self, a: int) -> int:
+        return self.splits[a]
+
+    @cached_property
+    def splits(self) -> tuple[int, ...]:
+        """How many pieces each tensor axis is cut into."""
+        sizes = self.mesh_sizes
+        return tuple(math.prod(sizes[n] for n in axes) for axes in self.layout)
+
+    @cached_property
+    def blocks(self) -> tuple[int, ...]:
+        """Each axis's block on a device (a padded axis's block holds its zeros)."""
+        return tuple(-(-n // p) for n, p in zip(self.sizes, self.splits))
+
+    @cached_property
+    def local_bytes(self) -> float:
+        return math.prod(self.blocks) * self.itemsize
+
+    def padded(self, a: int) -> bool:
+        return self.sizes[a] % self.splits[a] != 0
+
+    @cached_property
+    def any_padded(self) -> bool:
+        return any(n % p for n, p in zip(self.sizes, self.splits))
+
+    @property
+    def varying(self) -> tuple[str, ...]:
+        """The mesh axes over which the devices' data differ: those in the layout."""
+        return tuple(n for axes in self.layout for n in axes)
+
+    def group(self, axes) -> int:
+        sizes = self.mesh_sizes
+        return math.prod(sizes[n] for n in axes)
+
+
+@dataclass(frozen=True)
+class Local:
+    """Run `step` on each device's block. `psum`: mesh axes to sum over after it (a
+    `Reduce` over a split axis, or a row-parallel `Matrix`), as a `psum_scatter` if
+    `scatter`. `gather`: mesh axes to `all_gather` its (split) input axis over first.
+    `weight_split`: the mesh axes splitting each weight axis of a sharded `Matrix`
+    (None: the weight is split as the tensor axes it runs along)."""
+
+    step: Step
+    psum: tuple[str, ...] = ()
+    scatter: bool = False
+    gather: tuple[str, ...] = ()
+    weight_split: tuple[tuple[str, ...], ...] | None = None
+
+    def after(self, state: State) -> Layout:
+        a = self.step.axes[0] if self.step.axes else None
+        layout = list(state.layout)
+        if self.weight_split is not None:
+            out_ax, _ = self.step.leaf.dense_axes
+            layout[a] = self.weight_split[out_ax] if not self.scatter else layout[a]
+            if self.psum and not self.scatter:
+                layout[a] = ()
+        elif self.psum:
+            for b, role in zip(self.step.axes, self.step.roles):
+                if role is Role.REDUCE:
+                    layout[b] = ()
+        return tuple(layout)
+
+    def weight_spec(self, state: State) -> tuple[tuple[str, ...], ...] | None:
+        """The mesh axes splitting each weight axis where this step runs (None: no
+        weight)."""
+        leaf = self.step.leaf
+        if leaf is None or leaf.param_shape is None:
+            return None
+        if self.weight_split is not None:
+            return self.weight_split
+        first = self.step.axes[0]
+        return tuple(() if a is None else state.layout[first + a] for a in leaf.param_axes)
+
+    def collectives(self, state: State) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+        fwd, bwd = [], []
+        step = self.step
+        if self.gather:
+            g = state.group(self.gather)
+            fwd.append(Collective(ALL_GATHER, self.gather, sent(ALL_GATHER, state.local_bytes, g)))
+            bwd.append(Collective(PSUM_SCATTER, self.gather, sent(PSUM_SCATTER, state.local_bytes * g, g)))
+        if self.psum:
+            g = state.group(self.psum)
+            a = step.axes[0] if self.weight_split is not None else next(
+                b for b, r in zip(step.axes, step.roles) if r is Role.REDUCE)
+            i = step.axes.index(a)
+            # the block of partial sums: the local block with axis `a` at its output size
+            partial = state.local_bytes / state.blocks[a] * step.out_sizes[i] * step.out_dtype.itemsize / step.in_dtype.itemsize
+            if self.scatter:
+                fwd.append(Collective(PSUM_SCATTER, self.psum, sent(PSUM_SCATTER, partial, g)))
+                bwd.append(Collective(ALL_GATHER, self.psum, sent(ALL_GATHER, partial / g, g)))
+            else:
+                fwd.append(Collective(PSUM, self.psum, sent(PSUM, partial, g)))
+        if self.weight_split is not None and not self.psum and not self.gather and step.axes:
+            # column-parallel: the replicated input's gradient is summed over the new split
+            out_ax, _ = step.leaf.dense_axes
+            axes = self.weight_split[out_ax]
+            bwd.append(Collective(PSUM, axes, sent(PSUM, state.local_bytes, state.group(axes))))
+        bwd += weight_gradient(self, state)
+        return tuple(fwd), tuple(bwd)
+
+
+def weight_gradient(action: Local, state: State) -> list[Collective]:
+    """The collectives of the weight's gradient where `action` uses it: an all-reduce over
+    the devices that hold the same piece of it but different data, and, for a weight
+    along a padded axis (kept whole there: a sharding must divide the array), the
+    gather of its gradient's pieces."""
+    spec = action.weight_spec(state)
+    if spec is None:
+        return []
+    leaf = action.step.leaf
+    first = action.step.axes[0] if action.step.axes else 0
+    padded = {first + a for a in leaf.param_axes if a is not None and state.padded(first + a)}
+    along_padded = tuple(n for w, axes in enumerate(spec) for n in axes
+                         if leaf.param_axes[w] is not None and first + leaf.param_axes[w] in padded)
+    held = tuple(n for axes in spec for n in axes)
+    memory = math.prod(leaf.param_shape) * np.dtype(leaf.param_dtype).itemsize
+    piece = memory / state.group(held)
+    replicas = tuple(n for n in state.varying if n not in held)
+    out = []
+    if state.group(replicas) > 1:
+        out.append(Collective(PSUM, replicas, sent(PSUM, piece, state.group(replicas))))
+    if along_padded:
+        out.append(Collective(ALL_GATHER, along_padded, sent(ALL_GATHER, piece, state.group(along_padded))))
+    return out
+
+
+def weight_bytes_held(action: Local, state: State) -> float:
+    """The bytes of the weight one device holds where `action` uses it."""
+    spec = action.weight_spec(state)
+    if spec is None:
+        return 0.0
+    leaf = action.step.leaf
+    first = action.step.axes[0] if action.step.axes else 0
+    kept = tuple(n for w, axes in enumerate(spec) for n in axes
+                 if leaf.param_axes[w] is None or not state.padded(first + leaf.param_axes[w]))
+    return math.prod(leaf.param_shape) * np.dtype(leaf.param_dtype).itemsize / state.group(kept)
+
+
+@dataclass(frozen=True)
+class AllToAll:
+    """Move mesh axes `axes` (the minor end of tensor axis `src`) onto axis `dst`:
+    first append `pad` zeros to `dst` (a whole axis its new split does not divide),
+    after it crop `src` back to `crop` (if not 0: it was padded)."""
+
+    axes: tuple[str, ...]
+    src: int
+    dst: int
+    pad: int = 0
+    crop: int = 0
+
+    def after(self, state: State) -> Layout:
+        k = len(self.axes)
+        return tuple(axes[:-k] if a == self.src else axes + self.axes if a == self.dst else axes
+                     for a, axes in enumerate(state.layout))
+
+    def collectives(self, state: State):
+        g = state.group(self.axes)
+        blocks = state.blocks
+        operand = state.local_bytes / blocks[self.dst] * (blocks[self.dst] + self.pad)
+        c = Collective(ALL_TO_ALL, self.axes, sent(ALL_TO_ALL, operand, g))
+        return (c,), (c,)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Cut the replicated tensor axis `dst` over the free mesh axes `axes` (a local
+    slice; `pad` zeros appended first where they do not divide it). Backward, the
+    gradient of the replicated input is summed over `axes`."""
+
+    axes: tuple[str, ...]
+    dst: int
+    pad: int = 0
+
+    def after(self, state: State) -> Layout:
+        return tuple(axes + self.axes if a == self.dst else axes for a, axes in enumerate(state.layout))
+
+    def collectives(self, state: State):
+        blocks = state.blocks
+        operand = state.local_bytes / blocks[self.dst] * (blocks[self.dst] + self.pad)
+        return (), (Collective(PSUM, self.axes, sent(PSUM, operand, state.group(self.axes))),)
+
+
+@dataclass(frozen=True)
+class Gather:
+    """The transpose of a `Split`: `all_gather` tensor axis `src` over `axes` (its minor
+    mesh axes), then crop it to `crop` (if not 0)."""
+
+    axes: tuple[str, ...]
+    src: int
+    crop: int = 0
+
+    def after(self, state: State) -> Layout:
+        k = len(self.axes)
+        return tuple(axes[:-k] if a == self.src else axes for a, axes in enumerate(state.layout))
+
+    def collectives(self, state: State):
+        g = state.group(self.axes)
+        return ((Collective(ALL_GATHER, self.axes, sent(ALL_GATHER, state.local_bytes, g)),),
+                (Collective(PSUM_SCATTER, self.axes, sent(PSUM_SCATTER, state.local_bytes * g, g)),))
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A sum: each term's actions from the same layout, ending in one layout."""
+
+    step: Step
+    terms: tuple[tuple["Action", ...], ...]
+
+    def collectives(self, state: State):
+        return (), ()
+
+
+Action = Union[Local, AllToAll, Split, Gather, Branch]

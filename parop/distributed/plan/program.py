@@ -1,0 +1,189 @@
+"""An operator as a *program*: its leaves in serial order (`Step`s), with the
+dependencies that bind their order.
+
+Two steps keep their order when they share a tensor axis, or when their dtypes do
+not let them pass each other: a step that turns real data complex or back (a real
+`DFT`, its adjoint or inverse: a *barrier*) keeps its place among the steps that need
+complex data, and a conjugation (from `A.T`) keeps its place among every step that is
+not real-linear with real coefficients. Everything else may run in any order that
+the planner finds cheapest.
+
+A traced scalar (`c * A` with `c` a JAX array) becomes a `Slot`: the plan refers to
+the scalar by its position among the operator's pytree leaves, so one plan serves
+every value of it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+import jax
+import numpy as np
+
+from ... import _dtypes
+from ..._dtypes import Flow
+from ...algebra import Compose, Kron, Scale, Sum, Transpose
+from ...operator import Operator
+from ...operators import Identity, Leaf, Role
+
+FREE, COMPLEX, BARRIER, CONJ = "free", "complex", "barrier", "conj"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A traced scalar: the `index`-th pytree leaf of the operator, conjugated or not."""
+
+    index: int
+    dtype: np.dtype
+    conj: bool = False
+
+    @property
+    def complex(self) -> bool:
+        return _dtypes.is_complex(self.dtype)
+
+    def conjugate(self) -> "Slot":
+        return Slot(self.index, self.dtype, not self.conj)
+
+
+Scalar = Union[float, complex, Slot]
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One unit of the serial program: a leaf on its axes, a scalar, a conjugation, or
+    a sum of sub-programs (`terms`) on `axes`. `in_sizes`/`out_sizes` are the sizes of
+    its axes before and after it."""
+
+    axes: tuple[int, ...]
+    in_sizes: tuple[int, ...]
+    out_sizes: tuple[int, ...]
+    flow: str
+    in_dtype: np.dtype
+    out_dtype: np.dtype
+    leaf: Leaf | None = None
+    scalar: Scalar | None = None
+    conj: bool = False
+    terms: tuple["Program", ...] = ()
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        return self.leaf.roles if self.leaf is not None else ()
+
+    @property
+    def weighted(self) -> bool:
+        return self.leaf is not None and self.leaf.param_shape is not None
+
+    @property
+    def dense(self) -> bool:
+        """A dense `Matrix` step (it has tensor-parallel forms)."""
+        return self.leaf is not None and self.leaf.dense_axes is not None
+
+    @property
+    def bytes_factor(self) -> float:
+        """How much this step multiplies the bytes of the tensor."""
+        size = math.prod(self.out_sizes) / max(1, math.prod(self.in_sizes)) if self.axes else 1.0
+        return size * self.out_dtype.itemsize / self.in_dtype.itemsize
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """`steps` with `preds[j]`, the bit mask of the steps step j must follow, for input
+    of `shape` (the sizes its steps see; a sum's terms start from the sizes the sum
+    sees) and `dtype`."""
+
+    steps: tuple[Step, ...]
+    preds: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def full(self) -> int:
+        return (1 << len(self.steps)) - 1
+
+
+def program(op: Operator, shape: tuple[int, ...], dtype=None) -> Program:
+    """`op` (acting on the leading axes of a tensor of `shape`) as a `Program`."""
+    dtype = _dtypes.canonical(op.dtype if dtype is None else dtype)
+    slots = {id(leaf): i for i, leaf in enumerate(jax.tree.leaves(op))}
+    return _Builder(slots).program(op, tuple(shape), dtype, 0)
+
+
+def _flow(flow: Flow) -> str:
+    if flow in (Flow.R2C, Flow.C2R):
+        return BARRIER
+    return COMPLEX if flow is Flow.COMPLEX else FREE
+
+
+def _ordered(a: Step, b: Step) -> bool:
+    """Whether `a` (earlier in the serial program) must stay before `b`."""
+    if set(a.axes) & set(b.axes):
+        return True
+    flows = {a.flow, b.flow}
+    return FREE not in flows and bool(flows & {BARRIER, CONJ})
+
+
+class _Builder:
+    def __init__(self, slots: dict[int, int]):
+        self.slots = slots
+
+    def program(self, op: Operator, shape: tuple[int, ...], dtype: np.dtype, axis: int) -> Program:
+        self.sizes = list(shape)
+        steps: list[Step] = []
+        self.steps(op, axis, dtype, steps)
+        preds = tuple(sum(1 << i for i, a in enumerate(steps[:j]) if _ordered(a, b)) for j, b in enumerate(steps))
+        return Program(tuple(steps), preds, shape, dtype)
+
+    def step(self, steps: list, axes, out_sizes, flow, dtype, out, **kind) -> np.dtype:
+        in_sizes = tuple(self.sizes[a] for a in axes)
+        for a, n in zip(axes, out_sizes):
+            self.sizes[a] = n
+        steps.append(Step(tuple(axes), in_sizes, tuple(out_sizes), flow, dtype, out, **kind))
+        return out
+
+    def scalar(self, c) -> Scalar:
+        if isinstance(c, jax.Array):
+            return Slot(self.slots[id(c)], np.dtype(c.dtype))
+        return c
+
+    def steps(self, op: Operator, axis: int, dtype: np.dtype, steps: list) -> np.dtype:
+        """Appends `op`'s steps (on tensor axes from `axis` on) for `dtype` input;
+        returns the output dtype."""
+        if isinstance(op, Identity):
+            return dtype
+        if isinstance(op, Leaf):
+            axes = range(axis, axis + op.ndim)
+            return self.step(steps, axes, op.range_shape, _flow(op.flow), dtype, op.out_dtype(dtype), leaf=op)
+        if isinstance(op, Kron):
+            order, _ = op.schedule(dtype)
+            for i in order:
+                dtype = self.steps(op.factors[i], axis + op.offsets[i], dtype, steps)
+            return dtype
+        if isinstance(op, Compose):
+            for inner in reversed(op.ops):
+                dtype = self.steps(inner, axis, dtype, steps)
+            return dtype
+        if isinstance(op, Scale):
+            flow = COMPLEX if op.complex else FREE
+            c = self.scalar(op.c)
+            if op.first:
+                self.step(steps, (), (), flow, dtype, dtype, scalar=c)
+                return self.steps(op.op, axis, dtype, steps)
+            out = self.steps(op.op, axis, dtype, steps)
+            return self.step(steps, (), (), flow, out, out, scalar=c)
+        if isinstance(op, Transpose):
+            self.step(steps, (), (), CONJ, dtype, dtype, conj=True)
+            out = self.steps(op.op.H, axis, dtype, steps)
+            return self.step(steps, (), (), CONJ, out, out, conj=True)
+        if isinstance(op, Sum):
+            sizes = tuple(self.sizes)
+            terms = []
+            for t in op.terms:
+                terms.append(_Builder(self.slots).program(t, sizes, dtype, axis))
+            self.sizes = list(sizes)
+            flows = {s.flow for t in terms for s in t.steps}
+            flow = next((f for f in (BARRIER, CONJ, COMPLEX) if f in flows), FREE)
+            axes = range(axis, axis + op.ndim)
+            return self.step(steps, axes, op.range_shape, flow, dtype, op.out_dtype(dtype), terms=tuple(terms))
+        raise TypeError(f"cannot distribute {op!r}: build it from parop's leaves and combinators")

@@ -1,0 +1,713 @@
+"""The search: the cheapest route of actions from the input layout to an output layout
+in which every step of the program has run.
+
+A search state is `(frames, context, done, layout)`: the program being run
+(`context`, a program from a given tensor shape), the bit mask of its steps `done`,
+the layout, and, inside a sum, a stack of `frames` (the sum's program, the term
+running, the layout the terms start from and the one they must end in). A sum's terms
+run one after the other from the same entry layout; the first term's exit fixes the
+layout every other term must end in.
+
+Two searches share the moves and the costs:
+
+- `exhaustive=True`, the oracle: Dijkstra's algorithm over every state;
+- the default, A* with three reductions, each exact (see `parop.distributed.plan`).
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+from ...operators import Role
+from ..layout import Layout
+from .actions import Action, AllToAll, Branch, Local, Split, State, weight_bytes_held
+from .cost import CostModel
+from .goal import Goal
+from .program import BARRIER, Program, Step
+
+Cost = tuple[float, float, int, float]  # (time in bytes, bytes sent, collectives, weight bytes held)
+ZERO: Cost = (0.0, 0.0, 0, 0.0)
+INFINITE: Cost = (math.inf, math.inf, 0, math.inf)
+MAX_STATES = 200_000
+
+
+class PlanningError(ValueError):
+    """No plan exists, or the search gave up."""
+
+
+@dataclass(frozen=True)
+class Enter:
+    """Marker in a route: the sum `step` starts (its first term follows)."""
+
+    step: object
+
+
+@dataclass(frozen=True)
+class NextTerm:
+    """Marker in a route: the next term of the sum starts, from the sum's entry layout."""
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Marker in a route: the sum ends."""
+
+
+class Context:
+    """A program run on a tensor of `shape` and `itemsize`: its sizes and itemsize
+    after any set of done steps, and what the lower bound needs (memoised)."""
+
+    def __init__(self, prog: Program, shape: tuple[int, ...], itemsize: int, tensor_parallel: bool):
+        self.prog, self.shape, self.itemsize0 = prog, shape, itemsize
+        self.steps, self.preds, self.full = prog.steps, prog.preds, prog.full
+        ndim = len(shape)
+        self.needs = [0] * ndim  # per axis: the steps that need it whole
+        self.psums = [0] * ndim  # per axis: the steps that can sum its split away
+        self.dense = 0  # the dense Matrix steps (or sums holding one)
+        self.reduces = 0  # the Reduce steps (or sums holding one)
+        self.pointwise = []  # (step, the tensor axes its weight is split along) of pointwise weights
+        for j, step in enumerate(self.steps):
+            for inner, a, role in _axis_roles(step):
+                if role is Role.LOCAL:
+                    self.needs[a] |= 1 << j
+                if role is Role.REDUCE or (role is Role.LOCAL and inner.dense and tensor_parallel):
+                    self.psums[a] |= 1 << j
+                if role is Role.REDUCE:
+                    self.reduces |= 1 << j
+                if inner.dense:
+                    self.dense |= 1 << j
+            for inner, _, _ in _axis_roles(step):
+                if inner.weighted and not inner.dense:
+                    along = frozenset(inner.axes[0] + a for a in inner.leaf.param_axes if a is not None)
+                    if (j, along) not in self.pointwise:
+                        self.pointwise.append((j, along))
+        self.shrinks = [_shrink(step) for step in self.steps]
+        self.factors = [step.bytes_factor for step in self.steps]
+        self.ancestors = []  # per step: the bit mask of the steps that must run before it
+        for j, mask in enumerate(self.preds):
+            for i in range(j):
+                if mask >> i & 1:
+                    mask |= self.ancestors[i]
+            self.ancestors.append(mask)
+        self.descendants = [sum(1 << k for k in range(len(self.steps)) if self.ancestors[k] >> j & 1)
+                            for j in range(len(self.steps))]
+        self._sizes: dict[int, tuple[int, ...]] = {}
+        self._itemsize: dict[int, int] = {}
+        self._ready: dict[int, tuple[int, ...]] = {}
+        self._bytes: dict = {}
+
+    def sizes(self, done: int) -> tuple[int, ...]:
+        if done not in self._sizes:
+            sizes = list(self.shape)
+            for j, step in enumerate(self.steps):
+                if done >> j & 1:
+                    for a, n in zip(step.axes, step.out_sizes):
+                        sizes[a] = n
+            self._sizes[done] = tuple(sizes)
+        return self._sizes[done]
+
+    def itemsize(self, done: int) -> int:
+        if done not in self._itemsize:
+            itemsize = self.itemsize0
+            for j, step in enumerate(self.steps):
+                if done >> j & 1 and step.flow == BARRIER and step.in_dtype != step.out_dtype:
+                    itemsize = step.out_dtype.itemsize
+            self._itemsize[done] = itemsize
+        return self._itemsize[done]
+
+    def least_bytes(self, done: int, before: int = -1, after: int = -1) -> float:
+        """A lower bound on the global bytes of the tensor in a later state: one before
+        step `before` runs (if not -1), after step `after` has run (if not -1). Steps
+        that must have run count with their own factor, those that may have run with
+        their least one, those that cannot have run not at all."""
+        key = (done, before, after)
+        if key not in self._bytes:
+            # a sum may be part-way through its terms then: it counts with its least factor
+            must = (self.ancestors[after] | self.whole(after)) & ~done if after >= 0 else 0
+            cannot = (self.descendants[before] | self.whole(before)) if before >= 0 else 0
+            factor = 1.0
+            for j in range(len(self.steps)):
+                if done >> j & 1 or cannot >> j & 1:
+                    continue
+                factor *= self.factors[j] if must >> j & 1 else self.shrinks[j]
+            self._bytes[key] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
+        return self._bytes[key]
+
+    def departure_bytes(self, done: int, axes: tuple[int, ...]) -> list[float]:
+        """Lower bounds on the global bytes the tensor has at the first, second, ...
+        departure (in time) from `axes`, each of which must come before the first pending
+        step that needs its axis whole: the k-th comes when at most k-1 of them have gone,
+        so a step that needs any of the others (or follows one that does) cannot have run."""
+        key = ("departures", done, axes)
+        if key not in self._bytes:
+            blocks = []  # per pending step: the axes whose departure must precede it
+            firsts = {}
+            for a in axes:
+                needs = self.needs[a] & ~done
+                first = (needs & -needs).bit_length() - 1
+                if not self.steps[first].terms:
+                    firsts[a] = self.descendants[first] | 1 << first
+            pending = [j for j in range(len(self.steps)) if not done >> j & 1]
+            blocks = [(j, frozenset(a for a, cut in firsts.items() if cut >> j & 1)) for j in pending]
+            now = math.prod(self.sizes(done)) * self.itemsize(done)
+            sizes = []
+            for k in range(len(axes)):
+                least = math.inf
+                for gone in itertools.combinations(axes, k):
+                    gone = set(gone)
+                    least = min(least, math.prod(self.shrinks[j] for j, b in blocks if b <= gone))
+                sizes.append(now * least)
+            self._bytes[key] = sizes
+        return self._bytes[key]
+
+    def arrival_bytes(self, done: int, axes: tuple[int, ...]) -> list[float]:
+        """Lower bounds on the global bytes the tensor has at the last, second last, ...
+        arrival (in time) on `axes`, each of which comes after the last pending step that
+        needs its axis whole: at the k-th from last, at least all but k-1 of them have
+        arrived, so their last needs and everything before them have run."""
+        key = ("arrivals", done, axes)
+        if key not in self._bytes:
+            musts = {}
+            for a in axes:
+                needs = self.needs[a] & ~done
+                last = needs.bit_length() - 1
+                musts[a] = (self.ancestors[last] | self.whole(last)) & ~done if needs else 0
+            pending = [j for j in range(len(self.steps)) if not done >> j & 1]
+            now = math.prod(self.sizes(done)) * self.itemsize(done)
+            sizes = []
+            for k in range(len(axes)):
+                least = math.inf
+                for arrived in itertools.combinations(axes, len(axes) - k):
+                    must = 0
+                    for a in arrived:
+                        must |= musts[a]
+                    least = min(least, math.prod(self.factors[j] if must >> j & 1 else self.shrinks[j]
+                                                 for j in pending))
+                sizes.append(now * least)
+            self._bytes[key] = sizes
+        return self._bytes[key]
+
+    def meets(self, done: int, a: int, b: int) -> bool:
+        """Whether one collective can come both before the first pending step that needs
+        axis `a` whole and after the last one that needs axis `b` whole."""
+        first, last = self.needs[a] & ~done, self.needs[b] & ~done
+        if not first or not last:
+            return True
+        first = (first & -first).bit_length() - 1
+        last = last.bit_length() - 1
+        if self.steps[first].terms or self.steps[last].terms:
+            return True  # the collective may fall within a sum's terms
+        return not (first == last or self.ancestors[last] >> first & 1)
+
+    def whole(self, j: int) -> int:
+        """Step `j`'s bit, or none for a sum (a move can happen within its terms)."""
+        return 0 if self.steps[j].terms else 1 << j
+
+    def ready(self, done: int) -> tuple[int, ...]:
+        if done not in self._ready:
+            self._ready[done] = tuple(j for j in range(len(self.steps))
+                                      if not done >> j & 1 and not self.preds[j] & ~done)
+        return self._ready[done]
+
+
+def _axis_roles(step) -> Iterator[tuple[Step, int, Role]]:
+    """`(step, axis, role)` of a step's axes; for a sum, of its first term's steps: the
+    data the program goes on with pass through it (the other terms are lines of their
+    own, from the sum's entry layout to the first term's exit)."""
+    if step.terms:
+        for inner in step.terms[0].steps:
+            yield from _axis_roles(inner)
+    else:
+        for a, role in zip(step.axes, step.roles):
+            yield step, a, role
+
+
+def _shrink(step) -> float:
+    """The least factor a step (for a sum: its first term, at any point within it)
+    multiplies the tensor's bytes by."""
+    if step.terms:
+        return math.prod(_shrink(s) for s in step.terms[0].steps)
+    return min(1.0, step.bytes_factor)
+
+
+class Interned:
+    """A value that stands for itself in the search's tables: equal values are one
+    object, hashed by identity (the search hashes states millions of times)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+@dataclass
+class Node:
+    """What the search knows of `(context, done, layout)`, whatever the sum frames around
+    it: the tensor there, the steps forced from there, and the moves (computed once)."""
+
+    here: State
+    settled: tuple[int, tuple] | None = None  # (done after the forced steps, their actions)
+    moves: list | None = None  # (action, next done, next layout, cost), no sum entries
+    sums: tuple[int, ...] = ()  # ready sum steps
+
+
+# (parent context, its done mask with the sum's bit, sum step index, term, entry layout, exit layout or None)
+Frame = tuple
+
+
+class Search:
+    """Routes through programs on one mesh, for one cost model."""
+
+    def __init__(self, mesh_shape, cost: CostModel, shard_weights: bool | str = "auto",
+                 exhaustive: bool = False, max_states: int = MAX_STATES):
+        self.mesh = tuple(mesh_shape.items())
+        self.mesh_sizes = dict(mesh_shape)
+        self.devices = math.prod(self.mesh_sizes.values())
+        self.cost, self.shard_weights = cost, shard_weights
+        self.exhaustive, self.max_states = exhaustive, max_states
+        self.expanded = 0
+        self.split_counts = {math.prod(c) for k in range(1, len(self.mesh) + 1)
+                             for c in itertools.combinations(self.mesh_sizes.values(), k)}
+        self._interned: dict = {}
+        self._contexts: dict = {}
+        self._nodes: dict = {}
+        self._lines: dict = {}
+        self._frame_bounds: dict = {}
+        self._exit_goals: dict = {}
+
+    # -- tables ------------------------------------------------------------------------------
+    def intern(self, value) -> Interned:
+        found = self._interned.get(value)
+        if found is None:
+            found = self._interned[value] = Interned(value)
+        return found
+
+    def context(self, prog: Program, shape, itemsize: int) -> Context:
+        key = (id(prog), shape, itemsize)
+        if key not in self._contexts:
+            self._contexts[key] = Context(prog, shape, itemsize, bool(self.shard_weights))
+        return self._contexts[key]
+
+    def node(self, ctx: Context, done: int, lay: Interned) -> Node:
+        key = (ctx, done, lay)
+        node = self._nodes.get(key)
+        if node is None:
+            node = self._nodes[key] = Node(State(ctx.sizes(done), lay.value, ctx.itemsize(done), self.mesh))
+        return node
+
+    def term(self, frame: Frame, k: int) -> Context:
+        parent, after, j, _, _, _ = frame
+        before = after & ~(1 << j)
+        return self.context(parent.steps[j].terms[k], parent.sizes(before), parent.itemsize(before))
+
+    def price(self, action, here: State) -> Cost:
+        fwd, bwd = action.collectives(here)
+        paid = fwd + bwd if self.cost.training else fwd
+        held = weight_bytes_held(action, here) if isinstance(action, Local) else 0.0
+        nbytes = sum(c.bytes for c in paid)
+        return (nbytes + self.cost.latency_bytes * len(paid), nbytes, len(paid), held)
+
+    # -- the search ----------------------------------------------------------------------
+    def run(self, prog: Program, entry: Layout, goal: Goal):
+        """`(cost, actions)` of the cheapest route, or a `PlanningError`."""
+        collecting = gc.isenabled()
+        gc.disable()  # the search allocates millions of small tuples and frees none of them
+        try:
+            return self._run(prog, entry, goal)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run(self, prog: Program, entry: Layout, goal: Goal):
+        root = self.context(prog, prog.shape, prog.dtype.itemsize)
+        start, forced = self.settle((None, root, 0, self.intern(entry)))
+        best = {start: ZERO}
+        back = {start: (None, forced)}
+        tie = itertools.count()
+        heap = [((self.bound(start, goal),) + ZERO[1:], next(tie), ZERO, start)]
+        accepted: dict = {}
+        while heap:
+            _, _, cost, state = heapq.heappop(heap)
+            if best[state] < cost:
+                continue
+            fr, ctx, done, lay = state
+            if fr is None and done == ctx.full:
+                if lay not in accepted:
+                    accepted[lay] = goal.accepts(lay.value) and not self.node(ctx, done, lay).here.any_padded
+                if accepted[lay]:
+                    return cost, _fold(_route(back, state))
+            self.expanded += 1
+            if self.expanded > self.max_states:
+                raise PlanningError(
+                    f"the planner gave up after {self.max_states} states: the operator is too large to plan "
+                    "exhaustively; distribute its parts separately or split fewer axes")
+            for edge, nxt, delta in self.moves(state, *back[state]):
+                nxt, forced = self.settle(nxt)
+                total = (cost[0] + delta[0], cost[1] + delta[1], cost[2] + delta[2], cost[3] + delta[3])
+                if total < best.get(nxt, INFINITE):
+                    best[nxt] = total
+                    back[nxt] = ((state, edge), forced)
+                    bound = self.bound(nxt, goal)
+                    heapq.heappush(heap, ((total[0] + bound,) + total[1:], next(tie), total, nxt))
+        raise PlanningError("no plan exists")
+
+    def settle(self, state) -> tuple[tuple, tuple]:
+        """`state` after the forced moves, and the actions they took: the forced steps
+        (`forced`), and a sum's later term that is back in the layout its terms must
+        end in hands over. The exhaustive search forces nothing."""
+        if self.exhaustive:
+            return state, ()
+        taken = ()
+        while True:
+            fr, ctx, done, lay = state
+            done, steps = self.forced(ctx, done, lay)
+            taken += steps
+            state = (fr, ctx, done, lay)
+            if fr is not None and done == ctx.full and fr.value[-1][3] > 0 and lay is fr.value[-1][5]:
+                marker, state = self.hand_over(state)
+                taken += (marker,)
+                continue
+            return state, taken
+
+    def forced(self, ctx: Context, done: int, lay: Interned) -> tuple[int, tuple]:
+        """The steps that run at once from `(done, layout)`, and the new done mask: a step
+        without a weight or another form, needing no collective, not growing the tensor
+        and not changing which splits may pad its axes (running it later is never
+        cheaper)."""
+        node = self.node(ctx, done, lay)
+        if node.settled is None:
+            start, taken, progress = done, [], True
+            while progress:
+                progress = False
+                for j in ctx.ready(done):
+                    step = ctx.steps[j]
+                    if (step.terms or step.weighted or ctx.factors[j] > 1 or not self.keeps_padding(step)
+                            or not self.runs_as_is(step, self.node(ctx, done, lay).here)):
+                        continue
+                    taken.append(Local(step))
+                    done |= 1 << j
+                    progress = True
+                    break
+            node.settled = (done, tuple(taken))
+            if done != start:
+                self.node(ctx, done, lay).settled = (done, ())
+        return node.settled
+
+    def keeps_padding(self, step) -> bool:
+        """Whether every split that may pad one of `step`'s axes before it may do so after
+        it too (so running it early never rules out a move)."""
+        return all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
+                   for q in self.split_counts)
+
+    @staticmethod
+    def runs_as_is(step, here: State) -> bool:
+        """Whether `step` runs on each device's block without any collective."""
+        for a, role in zip(step.axes, step.roles):
+            if role is Role.LOCAL and here.layout[a]:
+                return False
+            if role is Role.REDUCE and here.layout[a]:
+                return False
+            if role not in (Role.POINTWISE, Role.REDUCE) and here.padded(a):
+                return False
+        return True
+
+    def hand_over(self, state):
+        """A sum's term has run to its exit: the next term starts from the entry layout, or
+        the last one hands the sum back to the program around it."""
+        fr, ctx, done, lay = state
+        frames = fr.value
+        parent, after, j, k, entry, exit_ = frames[-1]
+        exit_ = lay if exit_ is None else exit_
+        if k + 1 < len(parent.steps[j].terms):
+            frame = (parent, after, j, k + 1, entry, exit_)
+            return NextTerm(), (self.intern(frames[:-1] + (frame,)), self.term(frame, k + 1), 0, entry)
+        outer = self.intern(frames[:-1]) if len(frames) > 1 else None
+        return Exit(), (outer, parent, after, lay)
+
+    def moves(self, state, arrived, forced) -> Iterator[tuple[tuple, tuple, Cost]]:
+        """`(edge, next state, cost)` of every move from `state`; `arrived` is the best route's
+        last edge to it and `forced` what settled after it (the search drops a move that
+        moves the mesh axes the last move moved, when no step ran since)."""
+        fr, ctx, done, lay = state
+        node = self.node(ctx, done, lay)
+        if node.moves is None:
+            self.fill(ctx, done, node)
+        frames = fr.value if fr is not None else ()
+        for j in node.sums:
+            frame = (ctx, done | 1 << j, j, 0, lay, None)
+            yield (Enter(ctx.steps[j]),), (self.intern(frames + (frame,)), self.term(frame, 0), 0, lay), ZERO
+        if frames and done == ctx.full and not node.here.any_padded and (frames[-1][3] == 0 or lay is frames[-1][5]):
+            marker, nxt = self.hand_over(state)
+            yield (marker,), nxt, ZERO
+        last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
+        undo = (last.axes, last.dst) if isinstance(last, (AllToAll, Split)) else None
+        for action, ndone, nlay, cost in node.moves:
+            if undo is not None and isinstance(action, AllToAll) and (action.axes, action.src) == undo:
+                continue  # the same mesh axes again at once: one move from before does it
+            yield (action,), (fr, ctx, ndone, nlay), cost
+
+    def fill(self, ctx: Context, done: int, node: Node) -> None:
+        """The moves from `node` that do not depend on the sum frames around it."""
+        here, moves, sums = node.here, [], []
+        for j in ctx.ready(done):
+            step = ctx.steps[j]
+            if step.terms:
+                sums.append(j)
+                continue
+            for action in self.forms(step, here):
+                moves.append((action, done | 1 << j, self.intern(action.after(here)), self.price(action, here)))
+        for action in itertools.chain(self.all_to_alls(here), self.splits(here)):
+            moves.append((action, done, self.intern(action.after(here)), self.price(action, here)))
+        node.moves, node.sums = moves, tuple(sums)
+
+    def forms(self, step, here: State) -> Iterator[Local]:
+        """The ways `step` can run from `here`."""
+        layout = here.layout
+        if step.dense:
+            a = step.axes[0]
+            if here.padded(a):
+                return
+            m = step.out_sizes[0]
+            out_ax, in_ax = step.leaf.dense_axes
+            parts = [()] * len(step.leaf.param_shape)
+            if not layout[a]:
+                if self.shard_weights is not True:
+                    yield Local(step)
+                if self.shard_weights:
+                    used = set(here.varying)
+                    for name, size in self.mesh:
+                        if name not in used and size > 1 and m % size == 0:
+                            parts[out_ax] = (name,)
+                            yield Local(step, weight_split=tuple(parts))
+                return
+            if not self.shard_weights:
+                return
+            parts[in_ax] = layout[a]
+            split = tuple(parts)
+            yield Local(step, psum=layout[a], weight_split=split)
+            if m % here.split(a) == 0:
+                yield Local(step, psum=layout[a], scatter=True, weight_split=split)
+            return
+        psum = ()
+        for a, role in zip(step.axes, step.roles):
+            if role is Role.LOCAL and layout[a]:
+                return
+            if role not in (Role.POINTWISE, Role.REDUCE) and here.padded(a):
+                return
+            if role is Role.REDUCE:
+                psum += layout[a]
+        yield Local(step, psum=psum)
+
+    def all_to_alls(self, here: State) -> Iterator[AllToAll]:
+        layout = here.layout
+        for src, axes in enumerate(layout):
+            padded = here.padded(src) if axes else False
+            for k in range(1, len(axes) + 1):
+                if padded and k < len(axes):
+                    continue  # a padded axis gives up its whole split, and is cropped
+                moved = axes[-k:]
+                g = here.group(moved)
+                for dst, n in enumerate(here.sizes):
+                    if dst == src:
+                        continue
+                    pad = -n % (here.splits[dst] * g)
+                    if pad and not pads(n, here.splits[dst] * g, layout[dst]):
+                        continue
+                    yield AllToAll(moved, src, dst, pad, here.sizes[src] if padded and k == len(axes) else 0)
+
+    def splits(self, here: State) -> Iterator[Split]:
+        used = set(here.varying)
+        for name, size in self.mesh:
+            if name in used or size == 1:
+                continue
+            for dst, n in enumerate(here.sizes):
+                pad = -n % (here.splits[dst] * size)
+                if pad and not pads(n, here.splits[dst] * size, here.layout[dst]):
+                    continue
+                yield Split((name,), dst, pad)
+
+    # -- the lower bound -----------------------------------------------------------------
+    def exit_goal(self, lay: Interned | None) -> Goal | None:
+        if lay is None:
+            return None
+        if lay not in self._exit_goals:
+            self._exit_goals[lay] = Goal.layout(lay.value)
+        return self._exit_goals[lay]
+
+    def bound(self, state, goal: Goal) -> float:
+        """A lower bound on the cost from `state` to the end (0 for the oracle). See
+        `line`; a sum's later terms add their own, from the sum's entry layout; inside a
+        term, the rest of the program around the sum adds its own from the exit layout
+        once that is known."""
+        if self.exhaustive:
+            return 0.0
+        fr, ctx, done, lay = state
+        if fr is None:
+            return self.line(ctx, done, lay, goal)
+        parent, after, j, k, entry, exit_ = fr.value[-1]
+        outer = goal if len(fr.value) == 1 else None
+        ends = self.exit_goal(exit_)
+        total = self.line(ctx, done, lay, outer if k == 0 else ends)  # term 0's exit is the program's
+        rest = self._frame_bounds.get(fr)
+        if rest is None:
+            rest = sum(self.line(self.term(fr.value[-1], t), 0, entry, ends)
+                       for t in range(k + 1, len(parent.steps[j].terms)))
+            if k > 0 and outer is not None:
+                rest += self.line(parent, after, exit_, outer)
+            self._frame_bounds[fr] = rest
+        return total + rest
+
+    def line(self, ctx: Context, done: int, lay: Interned, goal: Goal | None) -> float:
+        """A lower bound on the collectives still to come on one line of data (a program,
+        or a term of a sum), from layout `lay` with `done` steps done.
+
+        *Departures*: a tensor axis that is split and that a pending step needs whole,
+        that is padded, or that holds a mesh axis the goal does not want there, needs a
+        collective with that axis as its source (no collective has two sources); it
+        comes before the first step that needs the axis whole. *Arrivals*: a tensor axis
+        that must end with mesh axes it does not safely hold (it lacks them, or it loses
+        them in a departure) needs a collective with that axis as its target (none has
+        two targets), after the last step that needs it whole, or a free mesh axis split
+        onto it. One collective may be a departure and an arrival only where it can
+        carry a mesh axis from its source to its goal on the target: such arrivals are
+        not counted. Each is priced at its least: latency plus the bytes of the smallest
+        tensor it can move then, forward and backward when training (an `all_to_all`), or
+        one latency where a `psum` can take the split away or a split put it back.
+
+        *A dense `Matrix`*, trained while the devices' data differ (and no `Reduce` can
+        sum that away first), costs a collective whatever its form: its weight
+        gradient's all-reduce, a row-parallel `psum` or `psum_scatter`, or a
+        column-parallel input gradient's all-reduce; one latency, unless that `psum` is
+        the departure of its axis counted above. *A pointwise weight* (split with the
+        axes it runs along) has its gradient all-reduced unless every split mesh axis sits
+        on those axes when it runs: a mesh axis parked elsewhere, where no departure moves
+        it, costs that all-reduce or a move of its own; one latency more."""
+        key = (ctx, done, lay, goal)
+        cached = self._lines.get(key)
+        if cached is not None:
+            return cached
+        layout = lay.value
+        sizes = ctx.sizes(done)
+        pending = ~done
+        mesh = self.mesh_sizes
+        departures = set()
+        for a, axes in enumerate(layout):
+            if axes and (sizes[a] % math.prod(mesh[n] for n in axes) or ctx.needs[a] & pending
+                         or (goal is not None and goal.conflicts(a, axes))):
+                departures.add(a)
+        arrivals = []
+        if goal is not None and goal.prefixes is not None:
+            arrivals = [b for b, want in enumerate(goal.prefixes)
+                        if want and (b in departures or layout[b][:len(want)] != want)]
+            # a departure may carry one of its mesh axes to the arrival axis wanting it, if it can
+            # come before the first step needing its source whole and after the last needing b
+            carries = {b: [a for a in departures if a != b and any(m in goal.prefixes[b] for m in layout[a])
+                           and ctx.meets(done, a, b)] for b in arrivals}
+            carried = _matching(carries)
+            arrivals = [b for b in arrivals if b not in carried]
+        total = 0.0
+        if self.cost.training and any(layout) and not ctx.reduces & pending:
+            if ctx.dense & pending and not any(ctx.psums[a] & pending for a in departures):
+                total += self.cost.latency_bytes
+            parked = [a for a, axes in enumerate(layout) if axes and a not in departures]
+            if any(pending >> j & 1 and any(a not in along for a in parked) for j, along in ctx.pointwise):
+                total += self.cost.latency_bytes
+        if departures or arrivals:
+            ways = 2 if self.cost.training else 1
+            latency = self.cost.latency_bytes
+            psums = any(ctx.psums[a] & pending for a in range(len(layout)))
+            moving = tuple(sorted(a for a in departures if not ctx.psums[a] & pending))
+            total += latency * (len(departures) - len(moving))  # summed away
+            if moving:
+                smallest = min(mesh[n] for a in moving for n in layout[a])
+                carried = (smallest - 1) / smallest / self.devices
+                needy = tuple(a for a in moving if ctx.needs[a] & pending)
+                sizes = ctx.departure_bytes(done, needy) if needy else []
+                least = ctx.least_bytes(done)
+                sizes = sizes + [least] * (len(moving) - len(needy))
+                total += sum(ways * (latency + size * carried) for size in sizes)
+            used = {n for axes in layout for n in axes}
+            freed = {n for a in departures if ctx.psums[a] & pending for n in layout[a]}
+            split = latency if self.cost.training else 0.0
+            moved = []
+            for b in arrivals:
+                want = [m for m in goal.prefixes[b] if b in departures or m not in layout[b]]
+                if all(m not in used or m in freed for m in want):
+                    total += split
+                else:
+                    moved.append(b)
+            if moved:
+                smallest = min(mesh[n] for b in moved for n in goal.prefixes[b])
+                carried = (smallest - 1) / smallest / self.devices
+                needy = tuple(b for b in moved if ctx.needs[b] & pending)
+                sizes = ctx.arrival_bytes(done, needy) if needy else []
+                sizes = sizes + [ctx.least_bytes(done)] * (len(moved) - len(needy))
+                for size in sizes:
+                    cost = ways * (latency + size * carried)
+                    total += min(cost, latency + split) if psums else cost
+        self._lines[key] = total
+        return total
+
+
+def _matching(edges: dict) -> dict:
+    """A maximum matching of a small bipartite graph (`edges[b]`: the `a`s `b` may pair
+    with), as `{b: a}` (augmenting paths)."""
+    pair: dict = {}
+
+    def augment(b, seen) -> bool:
+        for a in edges[b]:
+            if a not in seen:
+                seen.add(a)
+                owner = next((c for c, d in pair.items() if d == a), None)
+                if owner is None or augment(owner, seen):
+                    pair[b] = a
+                    return True
+        return False
+
+    for b in edges:
+        augment(b, set())
+    return pair
+
+
+def pads(n: int, split: int, axes: tuple) -> bool:
+    """Whether an axis of size `n`, split over `axes` now, may take a split into `split`
+    pieces by padding with zeros: only a whole axis, to less than twice its size (every
+    device but the last holds data)."""
+    return not axes and -n % split < n
+
+
+def _route(back: dict, state) -> list:
+    """The edges (and the forced actions after each) from the start to `state`, in order."""
+    items = []
+    while True:
+        previous, forced = back[state]
+        items.extend(reversed(forced))
+        if previous is None:
+            break
+        state, edge = previous
+        items.extend(reversed(edge))
+    return items[::-1]
+
+
+def _fold(items: list) -> tuple[Action, ...]:
+    """Actions and sum markers as actions with `Branch`es."""
+    out: list = []
+    stack: list = []
+    for item in items:
+        if isinstance(item, Enter):
+            stack.append((out, item.step, []))
+            out = []
+        elif isinstance(item, NextTerm):
+            stack[-1][2].append(tuple(out))
+            out = []
+        elif isinstance(item, Exit):
+            outer, step, terms = stack.pop()
+            outer.append(Branch(step, tuple(terms) + (tuple(out),)))
+            out = outer
+        else:
+            out.append(item)
+    return tuple(out)
