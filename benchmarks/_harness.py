@@ -147,17 +147,6 @@ def rel_error(got, want) -> float:
     return worst
 
 
-def any_transpose(got, want):
-    """`got` with its axes permuted to match `want` best (for FFTs that return a
-    transposed array)."""
-    import itertools
-
-    got = np.asarray(got)
-    fits = [np.transpose(got, p) for p in itertools.permutations(range(got.ndim))
-            if np.transpose(got, p).shape == np.shape(want)]
-    return min(fits, key=lambda g: rel_error(g, want)) if fits else got
-
-
 def _once(call) -> float:
     t0 = time.perf_counter()
     jax.block_until_ready(call())

@@ -17,8 +17,9 @@ a. distributed 3-D complex FFT: parop (same output layout as input, and
    `out_partition="auto"`) vs the same algorithm written by hand with `shard_map` +
    `all_to_all` (the yardstick) vs `jit(jnp.fft.fftn)` on the sharded input (XLA's
    partitioner; probed first in a subprocess because XLA can abort the process in
-   fft_handler.cc) vs one device (vs jaxDecomp's `pfft3d` where it is installed);
-b. the same for the real-to-complex 3-D FFT (`rfftn`);
+   fft_handler.cc) vs one device vs jaxDecomp's `jaxdecomp.fft.pfft3d` (the `bench`
+   extra; skipped, with the reason, where it is not installed);
+b. the same for the real-to-complex 3-D FFT (`rfftn`; jaxDecomp has none);
 c. channel mixing `kron(Matrix(c, c), Identity(n), Identity(n))` with a batch axis:
    apply, and the gradient of a sum of squares with respect to the weight, vs a hand
    `einsum` in the same `shard_map` (and `jit(einsum)` on the sharded arrays);
@@ -81,7 +82,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E4
 import parop as po  # noqa: E402
 from benchmarks import _hand, _hlo  # noqa: E402
 from benchmarks._harness import (  # noqa: E402
-    Candidate, Group, Target, any_transpose, fmt_bytes, paired_ratio, fmt_time, run_group, table, target_rows, timing_rows,
+    Candidate, Group, Target, fmt_bytes, paired_ratio, fmt_time, run_group, table, target_rows, timing_rows,
 )
 
 PARTITIONS = {"slab": (8, 1, 1), "pencil": (2, 4, 1)}
@@ -193,14 +194,61 @@ class XlaProbe:
 # -- cases a and b: distributed 3-D FFTs -------------------------------------------------
 
 HLO_ROWS: list[dict] = []
+JAXDECOMP = "jaxdecomp pfft3d"
 
 
-def _jaxdecomp_note() -> str | None:
+def _import_jaxdecomp():
+    """`(the jaxdecomp module, None)`, or `(None, why not)`: it is an optional extra."""
     try:
-        import jaxdecomp  # noqa: F401
+        import jaxdecomp
     except Exception as e:  # noqa: BLE001
-        return f"jaxdecomp not importable ({type(e).__name__}), skipped"
-    return None
+        return None, f"jaxdecomp not importable ({type(e).__name__})"
+    return jaxdecomp, None
+
+
+def jaxdecomp_fft(kind: str, partition) -> tuple:
+    """jaxDecomp's distributed FFT for this case: `(f, sharding, None)`, `f` the jitted
+    `jaxdecomp.fft.pfft3d` (its pure-JAX backend) and `sharding` the input layout it
+    takes, or `(None, None, why)` where jaxDecomp cannot run the case.
+
+    `pfft3d` reads its decomposition from a 2-D mesh `(p0, p1)` splitting the first two
+    axes, the array sharded `P(mesh axis 0, mesh axis 1, None)` (a 1-D mesh fails in its
+    partitioner): `(8, 1)` is its XY slab, `(2, 4)` its pencils. It returns the spectrum
+    transposed, axes `(ky, kz, kx)`."""
+    jaxdecomp, why = _import_jaxdecomp()
+    if jaxdecomp is None:
+        return None, None, why
+    if kind != "c2c":
+        return None, None, (f"jaxdecomp {jaxdecomp.__version__} has no real-to-complex FFT (`pfft3d` is "
+                            "complex-to-complex; `jaxdecomp.fft.prfft3d` raises 'Not implemented')")
+    if partition[2] != 1:
+        return None, None, "jaxdecomp splits the first two axes only"
+    mesh = jax.make_mesh(partition[:2], ("d0", "d1"), axis_types=(AxisType.Auto,) * 2,
+                         devices=jax.devices()[:N_DEVICES])
+    return jax.jit(jaxdecomp.fft.pfft3d), NamedSharding(mesh, P("d0", "d1", None)), None
+
+
+def from_jaxdecomp_layout(got, want):
+    """`pfft3d`'s `(ky, kz, kx)` result with its axes back in `(kx, ky, kz)` order."""
+    return np.transpose(np.asarray(got), (2, 0, 1))
+
+
+def jaxdecomp_note() -> str:
+    jaxdecomp, why = _import_jaxdecomp()
+    if jaxdecomp is None:
+        return f"{why}: its candidates are skipped (`pip install -e '.[bench]'` installs it)"
+    return (f"jaxdecomp {jaxdecomp.__version__}: `jax.jit(jaxdecomp.fft.pfft3d)` (pure-JAX backend, default "
+            "config) on a 2-D mesh `(p0, p1)` = the partition's first two splits, input `P('d0', 'd1', None)`. "
+            "It returns the spectrum transposed, axes (ky, kz, kx), split `(None, 'd0', None)` for the slab and "
+            "`('d0', 'd1', None)` for the pencils, after one all_to_all per split mesh axis, as `parop, out auto` "
+            "(whose output is also laid out otherwise than its input), which its target compares it with; `parop` "
+            "with the input's layout does twice the all_to_alls. Where it is faster: it moves each axis it "
+            "transforms to the end (its local FFTs all run on the last axis; XLA fuses those transposes into the "
+            "all_to_alls' unpacking), so it leaves its output in the last FFT's layout, and on the pencils packs "
+            "its second all_to_all with plain slices; parop keeps the axes in (kx, ky, kz) order, so after its "
+            "last FFT it transposes the local block back, and on the pencils it packs its second all_to_all with "
+            "a transposing copy (after an FFT along axis 0). Real-to-complex (case b): "
+            f"{jaxdecomp_fft('r2c', PARTITIONS['pencil'])[2]}.")
 
 
 def _plan_all_to_alls(D) -> list:
@@ -223,7 +271,6 @@ def _hlo_row(problem, program, fn, args, n_devices=N_DEVICES, plan=None):
 def fft_groups(cfg: Config, kind: str, probe: XlaProbe) -> list[Group]:
     case = "a" if kind == "c2c" else "b"
     name = "fftn" if kind == "c2c" else "rfftn"
-    jd_note = _jaxdecomp_note()
     groups = []
     for n in cfg.fft_sizes:
         x = fft_input(kind, n)
@@ -236,6 +283,8 @@ def fft_groups(cfg: Config, kind: str, probe: XlaProbe) -> list[Group]:
             Da = po.distribute(op, partition, out_partition="auto")
             mesh = mesh_for(partition)
             xs = jax.device_put(x, NamedSharding(mesh, spec_for(partition)))
+            jd, jd_sharding, jd_skip = jaxdecomp_fft(kind, partition)
+            xj = jax.device_put(x, jd_sharding) if jd is not None else None
             notes = []
             hands = {}
             for out, Dx in ((None, D), ("auto", Da)):
@@ -261,7 +310,9 @@ def fft_groups(cfg: Config, kind: str, probe: XlaProbe) -> list[Group]:
                 Candidate(f"jit({name}) sharded", (lambda f=xla, xs=xs: f(xs)) if status == "ok" else None,
                           skip=None if status == "ok" else status, note="XLA partitioner"),
                 Candidate("1 device", lambda f=single, x1=x1: f(x1), note=f"jnp.fft.{name}, unsharded"),
-                Candidate("jaxdecomp pfft3d", None, skip=jd_note) if jd_note else _jaxdecomp_candidate(xs, mesh),
+                Candidate(JAXDECOMP, (lambda f=jd, xj=xj: f(xj)) if jd is not None else None, skip=jd_skip,
+                          note="output axes (ky, kz, kx), put back in order for the check",
+                          to_reference=from_jaxdecomp_layout),
             ]
             ref = (lambda x=x: np.fft.fftn(x)) if kind == "c2c" else (lambda x=x: np.fft.rfftn(x))
             g = Group(case, problem, cands, ref, yardstick="hand shard_map", tol=1e-4, notes=notes)
@@ -269,8 +320,10 @@ def fft_groups(cfg: Config, kind: str, probe: XlaProbe) -> list[Group]:
             g.target(f"{case} {problem}, out auto: parop / hand", "parop, out auto", "hand shard_map, out auto",
                      "<=", 1.05)
             g.target(f"{case} {problem}: jit({name}) / parop", f"jit({name}) sharded", "parop", ">=", 3.0)
+            if jd is not None:
+                g.target(f"{case} {problem}: jaxdecomp / parop, out auto", JAXDECOMP, "parop, out auto", ">=", 1.0)
 
-            def after(g, D=D, Da=Da, xs=xs, hands=hands, xla=xla, status=status, problem=problem):
+            def after(g, D=D, Da=Da, xs=xs, hands=hands, xla=xla, status=status, problem=problem, jd=jd, xj=xj):
                 run, _ = D._program(())
                 runa, _ = Da._program(())
                 _hlo_row(problem, "parop", run, (xs,), plan=D.plan)
@@ -279,19 +332,13 @@ def fft_groups(cfg: Config, kind: str, probe: XlaProbe) -> list[Group]:
                 _hlo_row(problem, "hand shard_map, out auto", hands["auto"], (xs,))
                 if status == "ok":
                     _hlo_row(problem, f"jit({name}) sharded", xla, (xs,))
+                if jd is not None:
+                    _hlo_row(problem, JAXDECOMP, jd, (xj,))
 
             g.after = after
             g.extra["probe_id"] = probe_id
             groups.append(g)
     return groups
-
-
-def _jaxdecomp_candidate(xs, mesh):  # pragma: no cover - jaxdecomp is not a dependency
-    import jaxdecomp
-
-    f = jax.jit(jaxdecomp.fft.pfft3d)
-    return Candidate("jaxdecomp pfft3d", lambda: f(xs), note="jaxdecomp's output layout (axes permuted back to check)",
-                     to_reference=any_transpose)
 
 
 def fft_probe_specs(cfg: Config) -> list[dict]:
@@ -715,9 +762,7 @@ def main(args) -> int:
         if status != "ok":
             notes.append(f"jit(fftn) on sharded input {pid}: {status}")
     print(f"  XLA-partitioner probe done ({time.perf_counter() - t:.1f} s)", flush=True)
-    jd = _jaxdecomp_note()
-    if jd:
-        notes.append(jd)
+    notes.append(jaxdecomp_note())
 
     groups: list[Group] = []
     for letter, title, build in CASES:

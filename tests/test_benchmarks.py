@@ -23,13 +23,16 @@ EXPECTED_ALL_TO_ALL = {
 }
 
 
+def _env():
+    return {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64")}
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64")}
     proc = subprocess.run(
         [sys.executable, str(RUN), "--quick", "--out", str(out / "RESULTS.md"), "--json", str(out / "results.json")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240,
     )
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
     markdown = (out / "RESULTS.md").read_text() if (out / "RESULTS.md").exists() else ""
@@ -53,7 +56,7 @@ def test_every_candidate_matches_numpy(quick_run):
     assert {"a", "b", "c", "e"} <= cases
     for g in results["groups"]:
         for name, r in g["results"].items():
-            if r["status"] == "skipped":  # jaxdecomp (not installed) or an XLA abort, with the reason
+            if r["status"] == "skipped":  # jaxdecomp (not installed, or r2c) or an XLA abort, with the reason
                 assert r["detail"], (g["problem"], name)
                 continue
             assert r["status"] == "ok", (g["problem"], name, r)
@@ -89,6 +92,35 @@ def test_hlo_collectives_match_the_plans(quick_run):
     grad = [r for r in mixing if r["problem"].endswith("grad") and r["program"] == "parop"]
     assert apply and sum(apply[0][k] for k in ("all-to-all", "all-gather", "all-reduce")) == 0
     assert grad and grad[0]["all-reduce"] == 1 and grad[0]["all-to-all"] == grad[0]["all-gather"] == 0
+
+
+def test_jaxdecomp_is_checked_where_installed_and_skipped_with_its_reason_otherwise(quick_run):
+    _, results, markdown = quick_run
+    installed = subprocess.run([sys.executable, "-c", "import jaxdecomp"], cwd=ROOT, env=_env()).returncode == 0
+    for g in results["groups"]:
+        if g["case"] not in "ab":
+            continue
+        r = g["results"]["jaxdecomp pfft3d"]
+        if installed and g["case"] == "a":
+            assert r["status"] == "ok" and r["error"] <= 1e-4, (g["problem"], r)
+        else:
+            assert r["status"] == "skipped", (g["problem"], r)
+            assert ("real-to-complex" if installed else "not importable") in r["detail"], r
+    hlo = {(r["problem"], r["program"]): r for r in results["hlo"]}
+    jaxdecomp = {problem: r for (problem, program), r in hlo.items() if program == "jaxdecomp pfft3d"}
+    assert set(jaxdecomp) == ({g["problem"] for g in results["groups"] if g["case"] == "a"} if installed else set())
+    for problem, r in jaxdecomp.items():  # the all_to_alls of parop's plan into its "auto" layout, no gather
+        assert r["all-to-all"] == hlo[(problem, "parop, out auto")]["all-to-all"] and r["all-gather"] == 0, r
+    assert ("jaxdecomp / parop, out auto" in markdown) == installed
+
+
+def test_jaxdecomp_not_importable_is_a_reason_to_skip(monkeypatch):
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.run import jaxdecomp_fft, jaxdecomp_note
+
+    monkeypatch.setitem(sys.modules, "jaxdecomp", None)  # `import jaxdecomp` raises ModuleNotFoundError
+    assert jaxdecomp_fft("c2c", (2, 4, 1)) == (None, None, "jaxdecomp not importable (ModuleNotFoundError)")
+    assert jaxdecomp_note().startswith("jaxdecomp not importable (ModuleNotFoundError): its candidates are skipped")
 
 
 def test_compile_time_was_measured(quick_run):
