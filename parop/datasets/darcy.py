@@ -90,9 +90,11 @@ def darcy_flow(
     the precision of the solve.
 
     Cost on 2 CPU cores in float32, compilation included: 1,000 samples at
-    32 x 32 take about 0.9 s (0.35 s on later calls; CG needs about 100
-    iterations). In 3-D, 500 samples take about 13 s at 24³ and 40 s at 32³
-    (about 85 and 115 CG iterations); twice that with x64 on.
+    32 x 32 take about 0.9 s, of which about 0.55 s is the one-off compilation
+    (0.35 s on later calls; 0.7 s with x64 on); CG needs about 100 iterations.
+    In 3-D, 500 samples take about 3.5 s at 24³ and 7 s at 32³ (90 and 120 CG
+    iterations; the fields themselves 0.4 s and 1.6 s), and about three times
+    as long with x64 on.
 
     Example:
         ```python
