@@ -16,14 +16,15 @@ from .display import tree
 from .distributed import CostModel, DistributedOperator, Plan, distribute
 from .operator import Bound, Operator
 from .operators import (
-    DFT, Adjoint, Diagonal, Identity, InverseDFT, Leaf, Matrix, PerModeMatrix, Reduce,
-    Restriction, Role,
+    DFT, Adjoint, Convolution, Diagonal, Identity, InverseDFT, Leaf, Matrix, PerModeMatrix,
+    Reduce, Restriction, Role, Stencil,
 )
 from .params import init
 from .testing import to_dense
 
 __all__ = [
-    "Adjoint", "Bound", "Compose", "CostModel", "DFT", "Diagonal", "DistributedOperator", "Plan", "distribute", "Identity", "InverseDFT", "Kron",
+    "Adjoint", "Bound", "Compose", "Convolution", "CostModel", "DFT", "Diagonal", "DistributedOperator",
+    "Identity", "InverseDFT", "Kron",
     "Leaf", "Matrix", "Operator", "PerModeMatrix", "Reduce", "Restriction", "Role", "Scale",
-    "Sum", "init", "kron", "testing", "to_dense", "tree",
+    "Stencil", "Sum", "init", "kron", "testing", "to_dense", "tree",
 ]

@@ -7,7 +7,10 @@ import html as _html
 
 from .algebra import Compose, Kron, Scale, Sum, Transpose
 from .operator import Operator
-from .operators import DFT, Adjoint, Diagonal, Identity, InverseDFT, Matrix, PerModeMatrix, Reduce, Restriction
+from .operators import (
+    DFT, Adjoint, Convolution, Diagonal, Identity, InverseDFT, Matrix, PerModeMatrix, Reduce,
+    Restriction, Stencil,
+)
 
 
 def _dims(shape) -> str:
@@ -26,6 +29,12 @@ def _leaf(op: Operator) -> str | None:
         return f"{type(op).__name__}({_dims(op.param_shape)} {op.name!r})"
     if isinstance(op, Diagonal):
         return f"Diagonal({op.n} {op.name!r})"
+    if isinstance(op, Convolution):
+        return f"Conv({_dims(op.param_shape)} {op.name!r}, {op.boundary})"
+    if isinstance(op, Stencil):
+        w = op.weights  # a short 1-D stencil shows its weights, others their shape
+        taps = f"[{', '.join(scalar(v.item()) for v in w)}]" if w.ndim == 1 and w.size <= 5 else _dims(w.shape)
+        return f"Stencil({taps}, {op.boundary})"
     if isinstance(op, Restriction):
         return f"Restriction({op.n}→{op.range_shape[0]})"
     if isinstance(op, Reduce):

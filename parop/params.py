@@ -55,8 +55,8 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     Each weight is drawn from `name_key(key, name)` (the key folded with a SHA-256
     digest of the name), so its value depends only on `key` and its name. A `Matrix` is normal with variance `1/n`
     (it keeps the variance of its input), a `Diagonal` starts at ones, a
-    `PerModeMatrix` is normal with variance `1/c_in`; complex dtypes give complex
-    weights.
+    `PerModeMatrix` is normal with variance `1/c_in`, a `Convolution` with variance
+    `1/(c_in * prod(kernel))`; complex dtypes give complex weights.
 
     ```python
     >>> S = po.kron(po.Matrix(50, 50, name="mix"), po.Identity(30), po.Identity(10))

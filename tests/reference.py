@@ -81,6 +81,8 @@ def _dense(op: po.Operator, θ=None, real_input: bool | None = None) -> jax.Arra
         m = int(np.prod(op.modes))
         blocks = jnp.einsum("oim,mn->omin", w.reshape(op.c_out, op.c_in, m), jnp.eye(m, dtype=jnp.complex128))
         return blocks.reshape(op.c_out * m, op.c_in * m)
+    if isinstance(op, (po.Convolution, po.Stencil)):
+        return _correlation_matrix(op, θ)
     if isinstance(op, po.Kron):
         out = jnp.ones((1, 1), jnp.complex128)
         for f in op.factors:
@@ -100,6 +102,33 @@ def _dense(op: po.Operator, θ=None, real_input: bool | None = None) -> jax.Arra
     if isinstance(op, po.Scale):
         return op.c * dense(op.op, θ)
     raise TypeError(f"no reference for {type(op).__name__}")
+
+
+def _shifts(n: int, k: int, boundary: str) -> np.ndarray:
+    """`S[i, m, j] = 1` where tap `j` of output `i` reads input `m` on an axis of size `n`:
+    `m = i + j - k // 2`, wrapped around (periodic) or dropped outside `[0, n)` (zero)."""
+    S = np.zeros((n, n, k), np.complex128)
+    for i in range(n):
+        for j in range(k):
+            m = i + j - k // 2
+            if boundary == "periodic":
+                S[i, m % n, j] = 1
+            elif 0 <= m < n:
+                S[i, m, j] = 1
+    return S
+
+
+def _correlation_matrix(op, θ) -> jax.Array:
+    """The matrix of a `Convolution` (a `Stencil`: one channel, its fixed weights):
+    `M[(o, i), (c, m)] = sum_j w[o, c, j] prod_a S_a[i_a, m_a, j_a]`."""
+    w = θ[op.name] if isinstance(op, po.Convolution) else op.weights[None, None]
+    w = jnp.asarray(w).astype(jnp.complex128)
+    d = len(op.grid)
+    taps, outs, ins = "ABCDEF"[:d], "GHIJKL"[:d], "MNOPQR"[:d]
+    spec = ",".join(["yz" + taps] + [o + i + t for o, i, t in zip(outs, ins, taps)])
+    shifts = [_shifts(n, k, op.boundary) for n, k in zip(op.grid, op.kernel)]
+    M = jnp.einsum(f"{spec}->y{outs}z{ins}", w, *shifts)
+    return M.reshape(op.range_size, op.domain_size)
 
 
 def _real_if(m, op):

@@ -1,6 +1,7 @@
 """The leaf operators, one per module."""
 
 from .base import Adjoint, Leaf, Role
+from .convolution import Convolution, Correlation
 from .dft import DFT, InverseDFT
 from .diagonal import Diagonal
 from .identity import Identity
@@ -8,8 +9,9 @@ from .matrix import Matrix
 from .permode import PerModeMatrix
 from .reduce import Reduce
 from .restriction import Restriction
+from .stencil import Stencil
 
 __all__ = [
-    "Adjoint", "DFT", "Diagonal", "Identity", "InverseDFT", "Leaf", "Matrix",
-    "PerModeMatrix", "Reduce", "Restriction", "Role",
+    "Adjoint", "Convolution", "Correlation", "DFT", "Diagonal", "Identity", "InverseDFT",
+    "Leaf", "Matrix", "PerModeMatrix", "Reduce", "Restriction", "Role", "Stencil",
 ]

@@ -38,12 +38,15 @@ class Role(Enum):
       (Identity, Diagonal, the mode axes of a `PerModeMatrix`): the axis stays split.
     - `REDUCE`: a sum over the axis (n -> 1): a local sum, then a `psum`.
     - `BROADCAST`: the adjoint of `REDUCE` (1 -> n): each device fills its own part.
+    - `HALO`: the axis may stay split: the operator needs only `halo` neighbouring
+      planes from each neighbour, brought by a halo exchange (Convolution, Stencil).
     """
 
     LOCAL = "local"
     POINTWISE = "pointwise"
     REDUCE = "reduce"
     BROADCAST = "broadcast"
+    HALO = "halo"
 
     @property
     def adjoint(self) -> "Role":
