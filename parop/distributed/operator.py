@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..operator import Operator, Params, _as_input_dtype, _as_tensor
 from ..params import check_params, init
 from .layout import (
-    Layout, check_partition, default_mesh, layout_for_counts, layout_of, layout_on_mesh, sharding,
+    Layout, check_mesh, check_partition, default_mesh, layout_for_counts, layout_of, layout_on_mesh, sharding,
     split_sizes,
 )
 from .lower import lower, stored_spec
@@ -274,6 +274,7 @@ def distribute(
     if not isinstance(op, Operator) or isinstance(op, DistributedOperator):
         raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
     where = f"distribute({op!r})"
+    check_mesh(mesh, where)
     if isinstance(partition, PartitionSpec):
         if mesh is None:
             raise ValueError(f"{where}: a PartitionSpec partition needs mesh=")
