@@ -3,6 +3,11 @@
 An operator declares how it moves dtypes with a *flow* (see `Flow`): whether it
 takes any dtype, real data, complex data, or turns one into the other. The
 combinators only ever ask `out_dtype(flow, dtype, given)`.
+
+A leaf's dtype is one of `LEAF_DTYPES`: bfloat16, float16, float32, float64,
+complex64, complex128. The half precisions are real only (JAX has no complex
+bfloat16 or float16, so `complex_of` has no answer for them), and `jnp.fft` has
+neither: a `DFT` takes `FFT_DTYPES`.
 """
 
 from __future__ import annotations
@@ -51,13 +56,43 @@ def is_float(dtype) -> bool:
 
 
 def real_of(dtype) -> np.dtype:
-    """float32 for complex64, float64 for complex128; real dtypes unchanged."""
-    return np.dtype(np.finfo(dtype).dtype)
+    """float32 for complex64, float64 for complex128; real dtypes (bfloat16 and float16
+    included) unchanged."""
+    return np.dtype(jnp.finfo(dtype).dtype)
+
+
+_COMPLEX_OF = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): np.dtype(np.complex128)}
 
 
 def complex_of(dtype) -> np.dtype:
-    """complex64 for float32, complex128 for float64; complex dtypes unchanged."""
-    return np.dtype(np.result_type(dtype, np.complex64))
+    """complex64 for float32, complex128 for float64; complex dtypes unchanged. A
+    `TypeError` for a half precision: JAX has no complex bfloat16 or float16."""
+    dtype = np.dtype(dtype)
+    if is_complex(dtype):
+        return dtype
+    if dtype not in _COMPLEX_OF:
+        raise TypeError(f"there is no complex dtype of {dtype} precision: JAX's complex dtypes are "
+                        "complex64 (float32 parts) and complex128 (float64 parts)")
+    return _COMPLEX_OF[dtype]
+
+
+FFT_DTYPES = tuple(np.dtype(d) for d in ("float32", "float64", "complex64", "complex128"))  # jnp.fft's
+LEAF_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16)) + FFT_DTYPES  # a leaf's `dtype=`
+
+
+def leaf_dtype(dtype, default: str, where: str, supported: tuple[np.dtype, ...] = LEAF_DTYPES,
+               why: str = "") -> np.dtype:
+    """A leaf's `dtype=` argument, canonical (`None` is `default`), or a `TypeError`
+    naming the leaf, the dtype and the `supported` ones (and `why`, where some are not)."""
+    try:
+        canon = canonical(default if dtype is None else dtype)
+    except TypeError:  # not a dtype at all
+        canon = None
+    if canon is None or canon not in supported:  # (np.dtype("float64") == None is True)
+        names = ", ".join(d.name for d in supported)
+        got = repr(dtype) if canon is None else canon.name
+        raise TypeError(f"{where}: dtype must be one of {names}{why}, got {got}")
+    return canon
 
 
 def out_dtype(flow: Flow, dtype: np.dtype, given: np.dtype) -> np.dtype | None:

@@ -234,8 +234,8 @@ class Scale(Operator):
         return Scale(conj(self.c), self.op.H, first=not self.first)
 
     def inverse(self):
-        if not isinstance(self.c, jax.Array) and self.c == 0:
-            raise ValueError(f"{self!r} has no inverse: it is zero")
+        if not isinstance(self.c, jax.core.Tracer) and self.c == 0:  # a traced scalar is not known here
+            raise ValueError(f"{self!r} has no inverse: its scalar is zero")
         return Scale(1 / self.c, self.op.inverse(), first=not self.first)
 
 

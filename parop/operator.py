@@ -334,14 +334,16 @@ def _as_tensor(op: Operator, x):
 
 
 def _as_input_dtype(op: Operator, x: jax.Array) -> jax.Array:
-    """`x` itself where `op` takes its dtype, `x` cast to `op.dtype` where that loses
-    nothing (int or float32 into a complex64 operator), else a `TypeError`."""
+    """`x` itself where `op` takes its dtype; else `x` cast to `op.dtype` where `x` holds
+    integers or booleans (numbers, whatever their width) or floats that the cast keeps
+    exactly (float32 into complex64, bfloat16 into float32); else a `TypeError`."""
     if op.out_dtype(x.dtype) is not None:
         return x
-    if np.promote_types(x.dtype, op.dtype) == op.dtype:
+    if not _dtypes.is_float(x.dtype) or np.can_cast(x.dtype, op.dtype, "safe"):
         return x.astype(op.dtype)
     raise TypeError(
-        f"{op!r} takes {op.dtype} input, got {x.dtype} (casting would lose information)"
+        f"{op!r} takes {op.dtype} input, got {x.dtype} (casting would lose information; "
+        f"cast it yourself, x.astype({op.dtype.name!r}), if that is what you mean)"
     )
 
 

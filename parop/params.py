@@ -70,7 +70,8 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
 
 def check_params(op: Operator, θ: Mapping) -> None:
     """A `ValueError` naming the key and what was expected if `θ` lacks a parameter of
-    `op`, or has one of the wrong shape or dtype. Extra keys are allowed."""
+    `op`, or has one of the wrong shape or dtype; a `TypeError` if one is not an array
+    (a nested list is not converted: its dtype would be a guess). Extra keys are allowed."""
     expected = op.parameters
     if not expected:
         return
@@ -83,8 +84,14 @@ def check_params(op: Operator, θ: Mapping) -> None:
                 f"{leaf.param_shape}, dtype {leaf.param_dtype}); θ has {sorted(θ)}"
             )
         value = θ[name]
-        shape, dtype = np.shape(value), getattr(value, "dtype", None)
-        if shape != leaf.param_shape or dtype is None or _dtypes.canonical(dtype) != leaf.param_dtype:
+        if not isinstance(value, (jax.Array, np.ndarray)):
+            raise TypeError(
+                f"{op!r}: parameter {name!r} of {leaf!r} must be a JAX or NumPy array of shape "
+                f"{leaf.param_shape} and dtype {leaf.param_dtype}, got a {type(value).__name__}; "
+                f"convert it with jnp.asarray(value, {leaf.param_dtype.name!r})"
+            )
+        shape, dtype = value.shape, value.dtype
+        if shape != leaf.param_shape or _dtypes.canonical(dtype) != leaf.param_dtype:
             raise ValueError(
                 f"{op!r}: parameter {name!r} of {leaf!r} must have shape {leaf.param_shape} "
                 f"and dtype {leaf.param_dtype}, got shape {shape} and dtype {dtype}"

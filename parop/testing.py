@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _dtypes
 from .operator import Operator, Params
@@ -41,7 +44,8 @@ def dot_test(A: Operator, θ: Params | None = None, key: jax.Array | None = None
              batch_shape: tuple[int, ...] = ()) -> float:
     """The relative mismatch `|<A x, y> - <x, A.H y>| / max(|<A x, y>|, |<x, A.H y>|)`
     for random `x`, `y`, with `<u, v> = sum(conj(u) * v)`, real parts where the domain
-    or the range is real. About the dtype's rounding error for a correct adjoint.
+    or the range is real, summed in at least float32 (a bfloat16 sum of many terms
+    would lose the answer). About the dtype's rounding error for a correct adjoint.
     `batch_shape` adds trailing batch axes to `x` and `y` (a distributed operator whose
     partition names batch axes needs them).
 
@@ -50,12 +54,23 @@ def dot_test(A: Operator, θ: Params | None = None, key: jax.Array | None = None
     True
     ```
     """
-    kx, ky = jax.random.split(jax.random.key(0) if key is None else key)
-    x = random(kx, A.domain_shape + tuple(batch_shape), A.dtype)
-    y = random(ky, A.range_shape + tuple(batch_shape), A.range_dtype)
-    lhs = jnp.vdot(A.apply(θ, x), y)
-    rhs = jnp.vdot(x, A.H.apply(θ, y))
+    return float(_mismatch(A, θ, jax.random.key(0) if key is None else key, tuple(batch_shape)))
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _mismatch(A: Operator, θ: Params | None, key: jax.Array, batch_shape: tuple[int, ...]) -> jax.Array:
+    """`dot_test`'s mismatch as one program (not a compile per operation)."""
+    kx, ky = jax.random.split(key)
+    x = random(kx, A.domain_shape + batch_shape, A.dtype)
+    y = random(ky, A.range_shape + batch_shape, A.range_dtype)
+    lhs = jnp.vdot(_widened(A.apply(θ, x)), _widened(y))
+    rhs = jnp.vdot(_widened(x), _widened(A.H.apply(θ, y)))
     if not (_dtypes.is_complex(A.dtype) and _dtypes.is_complex(A.range_dtype)):
         lhs, rhs = lhs.real, rhs.real
     scale = jnp.maximum(jnp.maximum(jnp.abs(lhs), jnp.abs(rhs)), jnp.finfo(lhs.dtype).tiny)
-    return float(jnp.abs(lhs - rhs) / scale)
+    return jnp.abs(lhs - rhs) / scale
+
+
+def _widened(a: jax.Array) -> jax.Array:
+    """`a` in float32 where it is in a half precision; unchanged otherwise."""
+    return a.astype(np.promote_types(a.dtype, np.float32))

@@ -28,7 +28,13 @@ def layout_of(spec: PartitionSpec, ndim: int, mesh: Mesh, where: str) -> Layout:
     entries = tuple(spec)
     if len(entries) > ndim:
         raise ValueError(f"{where}: {spec} has {len(entries)} entries for an input of {ndim} axes")
-    layout = tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
+    for i, e in enumerate(entries):
+        if not (e is None or isinstance(e, str) or (isinstance(e, tuple) and all(isinstance(n, str) for n in e))):
+            raise ValueError(
+                f"{where}: entry {i} of {spec} is {e!r}; parop takes None, a mesh axis name, or a "
+                "tuple of names per axis (not PartitionSpec.UNCONSTRAINED: the planner fixes every layout)"
+            )
+    layout = tuple(() if e is None else (e,) if isinstance(e, str) else e for e in entries)
     layout += ((),) * (ndim - len(layout))
     names = [n for axes in layout for n in axes]
     unknown = [n for n in names if n not in mesh.shape]
@@ -37,6 +43,28 @@ def layout_of(spec: PartitionSpec, ndim: int, mesh: Mesh, where: str) -> Layout:
     if len(set(names)) != len(names):
         raise ValueError(f"{where}: {spec} uses a mesh axis twice")
     return layout
+
+
+def check_mesh(mesh: Mesh | None, where: str) -> None:
+    """A `TypeError` if `mesh` is neither `None` nor a `jax.sharding.Mesh`; a
+    `ValueError` naming the axes if it has `Manual` axes, or mixes `Explicit` and `Auto`
+    ones: parop's program pins its layouts with `with_sharding_constraint` (all-Auto
+    meshes) or `reshard` (all-Explicit meshes), and runs as a `shard_map` over the mesh."""
+    if mesh is None:
+        return
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"{where}: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__} {mesh!r}")
+    kinds = {t: [n for n, u in zip(mesh.axis_names, mesh.axis_types) if u == t] for t in AxisType}
+    if kinds[AxisType.Manual]:
+        raise ValueError(
+            f"{where}: mesh axes {kinds[AxisType.Manual]} are Manual (as inside a shard_map); parop's "
+            "program is itself a shard_map over the mesh: give a mesh whose axes are all Auto or all Explicit"
+        )
+    if kinds[AxisType.Explicit] and kinds[AxisType.Auto]:
+        raise ValueError(
+            f"{where}: the mesh mixes Explicit axes {kinds[AxisType.Explicit]} and Auto axes "
+            f"{kinds[AxisType.Auto]}; parop supports meshes whose axes are all Auto or all Explicit"
+        )
 
 
 def split_sizes(layout: Layout, mesh_shape) -> tuple[int, ...]:

@@ -16,7 +16,8 @@ from ..operator import Operator, Params, _as_input_dtype, _as_tensor
 from ..operators import Role
 from ..params import check_params, init, name_key
 from .layout import (
-    Layout, check_partition, default_mesh, layout_of, layout_on_mesh, sharding, spec_of, split_sizes,
+    Layout, check_mesh, check_partition, default_mesh, layout_of, layout_on_mesh, sharding, spec_of,
+    split_sizes,
 )
 from .lower import lower, stored_spec
 from .plan import CostModel, Goal, Plan, counts_goal, default_goal, make_plan
@@ -324,6 +325,7 @@ def distribute(
     if not isinstance(op, Operator) or getattr(op, "distributed", False):
         raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
     where = f"distribute({op!r})"
+    check_mesh(mesh, where)
     program(op, op.domain_shape)  # an operator the planner cannot read fails here
     cost = CostModel() if cost is None else cost
     if not isinstance(cost, CostModel):

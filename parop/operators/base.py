@@ -20,14 +20,13 @@ from collections import defaultdict
 from enum import Enum
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .. import _dtypes
 from .._dtypes import Flow
 from ..operator import Operator, Params
-
-
-EINSUM_LETTERS = "abcdefghijklmnopqrstuvwxyz"  # names for the axes of an operand in `jnp.einsum`
 
 
 class Role(Enum):
@@ -66,6 +65,26 @@ def positive_int(value, what: str, op: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{op}: {what} must be a positive int, got {value!r}")
     return int(value)
+
+
+def mix(w: jax.Array, x: jax.Array, axis: int, transpose: bool) -> jax.Array:
+    """`y[o, m...] = sum_i w[o, i, m...] x[i, m...]` on the axes of `x` from `axis` on:
+    `w`'s first two axes contract axis `axis` of `x`, its other axes (the modes of a
+    `PerModeMatrix`; none for a `Matrix`) run along the next axes of `x`, elementwise.
+    `transpose`: sum over `o` instead (`y[i, m...] = sum_o w[o, i, m...] x[o, m...]`).
+
+    One `dot_general`, whatever the number of axes (integer einsum labels). A real `w`
+    on complex `x` acts on the real and imaginary parts: two real products, half the
+    work of a complex one.
+    """
+    if jnp.iscomplexobj(x) and not jnp.iscomplexobj(w):
+        return lax.complex(mix(w, x.real, axis, transpose), mix(w, x.imag, axis, transpose))
+    o, i = x.ndim, x.ndim + 1  # labels 0 .. x.ndim - 1 are the axes of x
+    x_in, y_out = (o, i) if transpose else (i, o)
+    labels = list(range(x.ndim))
+    modes = labels[axis + 1 : axis + w.ndim - 1]
+    before, after = labels[:axis], labels[axis + 1 :]
+    return jnp.einsum(w, [o, i, *modes], x, [*before, x_in, *after], [*before, y_out, *after])
 
 
 class Leaf(Operator):

@@ -42,9 +42,10 @@ class DFT(Leaf):
 
     def __init__(self, n: int, dtype="complex64", norm: str = "backward"):
         n = positive_int(n, "n", "DFT")
-        dtype = _dtypes.canonical("complex64" if dtype is None else dtype)
-        if not _dtypes.is_float(dtype):
-            raise TypeError(f"DFT: dtype must be a float or complex dtype, got {dtype}")
+        dtype = _dtypes.leaf_dtype(
+            dtype, "complex64", "DFT", _dtypes.FFT_DTYPES,
+            " (jnp.fft has no bfloat16 or float16; a float32 DFT takes such data, cast exactly)",
+        )
         if norm not in NORMS:
             raise ValueError(f"DFT: norm must be one of {NORMS}, got {norm!r}")
         real = not _dtypes.is_complex(dtype)

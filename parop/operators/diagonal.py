@@ -33,9 +33,7 @@ class Diagonal(Leaf):
 
     def __init__(self, n: int, dtype="float32", name: str | None = None):
         n = positive_int(n, "n", "Diagonal")
-        dtype = _dtypes.canonical("float32" if dtype is None else dtype)
-        if not _dtypes.is_float(dtype):
-            raise TypeError(f"Diagonal: dtype must be a float or complex dtype, got {dtype}")
+        dtype = _dtypes.leaf_dtype(dtype, "float32", "Diagonal")
         self._freeze(
             n=n, domain_shape=(n,), range_shape=(n,), dtype=dtype, range_dtype=dtype,
             flow=Flow.COMPLEX if _dtypes.is_complex(dtype) else Flow.REAL,

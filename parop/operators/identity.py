@@ -8,7 +8,7 @@ from .base import Leaf, Role, positive_int
 
 
 class Identity(Leaf):
-    """The identity on an axis of size `n`. Takes data of any dtype.
+    """The identity on an axis of size `n`. Takes data of any float or complex dtype.
 
     In a kron it marks an axis the other factors leave alone; it applies as a no-op
     (no copy, no transpose) and, distributed, its axis can hold a device split.
@@ -22,7 +22,7 @@ class Identity(Leaf):
 
     def __init__(self, n: int, dtype="float32"):
         n = positive_int(n, "n", "Identity")
-        dtype = _dtypes.canonical("float32" if dtype is None else dtype)
+        dtype = _dtypes.leaf_dtype(dtype, "float32", "Identity")
         self._freeze(
             n=n, domain_shape=(n,), range_shape=(n,), dtype=dtype, range_dtype=dtype,
             roles=(Role.POINTWISE,),

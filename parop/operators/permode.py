@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import math
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _dtypes
 from .._dtypes import Flow
-from .base import EINSUM_LETTERS, Leaf, Role, positive_int
-
-def _mix(w: jax.Array, x: jax.Array, axis: int, transpose: bool) -> jax.Array:
-    """`y[o, m...] = sum_i w[o, i, m...] x[i, m...]` on the axes of `x` from `axis` on
-    (`transpose`: contract over `o` instead)."""
-    modes = w.ndim - 2
-    xs = EINSUM_LETTERS[: x.ndim]
-    o, i, ms = "Y", "Z", xs[axis + 1 : axis + 1 + modes]
-    inp, out = (o, i) if transpose else (i, o)
-    x_sub = xs[:axis] + inp + xs[axis + 1 :]
-    y_sub = xs[:axis] + out + xs[axis + 1 :]
-    return jnp.einsum(f"{o}{i}{ms},{x_sub}->{y_sub}", w.astype(x.dtype), x)
+from .base import Leaf, Role, mix, positive_int
 
 
 class PerModeMatrix(Leaf):
@@ -50,10 +39,13 @@ class PerModeMatrix(Leaf):
     ):
         c_out = positive_int(c_out, "c_out", "PerModeMatrix")
         c_in = positive_int(c_in, "c_in", "PerModeMatrix")
+        if not isinstance(modes, (Sequence, np.ndarray)) or isinstance(modes, str):
+            raise TypeError(
+                f"PerModeMatrix: modes must be a sequence of positive ints, one per mode axis "
+                f"(modes=(12, 7) for a 2-D spectrum), got {modes!r}"
+            )
         modes = tuple(positive_int(m, "each mode count", "PerModeMatrix") for m in modes)
-        dtype = _dtypes.canonical("complex64" if dtype is None else dtype)
-        if not _dtypes.is_float(dtype):
-            raise TypeError(f"PerModeMatrix: dtype must be a float or complex dtype, got {dtype}")
+        dtype = _dtypes.leaf_dtype(dtype, "complex64", "PerModeMatrix")
         self._freeze(
             c_out=c_out, c_in=c_in, modes=modes,
             domain_shape=(c_in,) + modes, range_shape=(c_out,) + modes,
@@ -69,7 +61,7 @@ class PerModeMatrix(Leaf):
         return jax.random.normal(key, self.param_shape, self.param_dtype) / math.sqrt(self.c_in)
 
     def _forward(self, w, x, axis):
-        return _mix(w, x, axis, transpose=False)
+        return mix(w, x, axis, transpose=False)
 
     def _backward(self, w, x, axis):
-        return _mix(jnp.conj(w), x, axis, transpose=True)
+        return mix(jnp.conj(w), x, axis, transpose=True)

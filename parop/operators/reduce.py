@@ -25,7 +25,7 @@ class Reduce(Leaf):
 
     def __init__(self, n: int, dtype="float32"):
         n = positive_int(n, "n", "Reduce")
-        dtype = _dtypes.canonical("float32" if dtype is None else dtype)
+        dtype = _dtypes.leaf_dtype(dtype, "float32", "Reduce")
         self._freeze(n=n, domain_shape=(n,), range_shape=(1,), dtype=dtype, range_dtype=dtype)
 
     def _forward(self, w, x, axis):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -14,8 +15,18 @@ from .base import Leaf, Role, positive_int
 
 
 def _indices(n: int, keep) -> np.ndarray:
+    """The indices `keep` selects on an axis of size `n`, in order, negative ones wrapped."""
+    if isinstance(keep, (jax.Array, np.ndarray)):
+        if keep.ndim > 1:
+            raise TypeError(f"Restriction: keep as an array must be 1-D (or 0-d), got shape {keep.shape}")
+        keep = np.asarray(keep).tolist()  # Python ints (or floats or bools, refused below)
     if isinstance(keep, (int, np.integer, slice)):
         keep = [keep]
+    if not isinstance(keep, Sequence) or isinstance(keep, str):
+        raise TypeError(
+            "Restriction: keep takes an int, a slice, or a sequence (or 1-D integer array) of ints "
+            f"and slices, got {keep!r}"
+        )
     picked = []
     for k in keep:
         if isinstance(k, slice):
@@ -38,9 +49,9 @@ def _runs(indices: np.ndarray) -> tuple[tuple[int, int], ...]:
 
 
 class Restriction(Leaf):
-    """Keeps the indices `keep` (ints and slices, negative ones included) of an axis of
-    size `n`, in the order given: `n -> len(kept)`. Its adjoint puts them back in
-    place among zeros.
+    """Keeps the indices `keep` (ints and slices, negative ones included, or a 1-D
+    integer array, NumPy or JAX) of an axis of size `n`, in the order given:
+    `n -> len(kept)`. Its adjoint puts them back in place among zeros.
 
     ```python
     >>> R = po.Restriction(32, [slice(0, 6), slice(-6, None)])   # both ends of a spectrum
@@ -52,10 +63,11 @@ class Restriction(Leaf):
     flow = Flow.ANY
     roles = (Role.LOCAL,)
 
-    def __init__(self, n: int, keep: Sequence[int | slice] | slice | int, dtype="float32"):
+    def __init__(self, n: int, keep: Sequence[int | slice] | slice | int | np.ndarray | jax.Array,
+                 dtype="float32"):
         n = positive_int(n, "n", "Restriction")
         indices = _indices(n, keep)
-        dtype = _dtypes.canonical("float32" if dtype is None else dtype)
+        dtype = _dtypes.leaf_dtype(dtype, "float32", "Restriction")
         self._freeze(
             n=n, indices=indices, runs=_runs(indices),
             domain_shape=(n,), range_shape=(len(indices),), dtype=dtype, range_dtype=dtype,
