@@ -10,7 +10,7 @@ D = po.distribute(F, partition=(2, 1, 1))   # the same map, one shard_map progra
 ```
 """
 
-from . import testing
+from . import checkpoint, testing
 from .algebra import Compose, Kron, Scale, Sum, kron
 from .display import tree
 from .distributed import DistributedOperator, Plan, distribute
@@ -23,7 +23,7 @@ from .params import init
 from .testing import to_dense
 
 __all__ = [
-    "Adjoint", "Bound", "Compose", "DFT", "Diagonal", "DistributedOperator", "Plan", "distribute", "Identity", "InverseDFT", "Kron",
+    "Adjoint", "Bound", "checkpoint", "Compose", "DFT", "Diagonal", "DistributedOperator", "Plan", "distribute", "Identity", "InverseDFT", "Kron",
     "Leaf", "Matrix", "Operator", "PerModeMatrix", "Reduce", "Restriction", "Role", "Scale",
     "Sum", "init", "kron", "testing", "to_dense", "tree",
 ]
