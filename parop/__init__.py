@@ -10,7 +10,7 @@ D = po.distribute(F, partition=(2, 1, 1))   # the same map, one shard_map progra
 ```
 """
 
-from . import testing
+from . import checkpoint, testing
 from .algebra import Compose, Kron, Scale, Sum, kron
 from .display import tree
 from .distributed import CostModel, DistributedOperator, Plan, distribute
@@ -24,7 +24,7 @@ from .testing import to_dense
 
 __all__ = [
     "Adjoint", "Bound", "Compose", "Convolution", "CostModel", "DFT", "Diagonal", "DistributedOperator",
-    "Identity", "InverseDFT", "Kron",
-    "Leaf", "Matrix", "Operator", "PerModeMatrix", "Reduce", "Restriction", "Role", "Scale",
-    "Stencil", "Sum", "init", "kron", "testing", "to_dense", "tree",
+    "Identity", "InverseDFT", "Kron", "Leaf", "Matrix", "Operator", "PerModeMatrix", "Plan", "Reduce",
+    "Restriction", "Role", "Scale", "Stencil", "Sum", "checkpoint", "distribute", "init", "kron", "testing",
+    "to_dense", "tree",
 ]

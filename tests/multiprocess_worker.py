@@ -16,6 +16,10 @@ Scenarios:
   global devices, for several partitions.
 - `grad`: a shared weight (`kron(Matrix(c, c, name="w"), Identity(n))`) with a split
   trailing batch axis: `po.init`, `jax.grad` of a loss, one SGD step, eager and jitted.
+- `checkpoint`: a distributed θ (a `Matrix` and a `PerModeMatrix`, both sharded over the
+  8 devices of the two processes) and its Adam state saved with `parop.checkpoint` to
+  a directory both processes see, restored onto the same partition, another
+  partition (another mesh) and each process's one device.
 - `fail`: process 1 raises right after `jax.distributed.initialize`, process 0 goes
   on into a collective that can never complete (the launcher must notice and clean up).
 - `exit`: process 1 leaves with `os._exit(7)` before initializing.
@@ -60,6 +64,8 @@ def main(scenario: str, pid: int, nproc: int, port: int) -> dict:
         return run_fft()
     if scenario == "grad":
         return run_grad()
+    if scenario == "checkpoint":
+        return run_checkpoint()
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
@@ -217,6 +223,54 @@ def run_grad() -> dict:
             np.testing.assert_allclose(np.asarray(l1.addressable_shards[0].data), ls_new, rtol=1e-10)
             checked[f"{label} {partition}"] = count
     return {"checked": checked, "loss": losses}
+
+
+def run_checkpoint() -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.experimental import multihost_utils
+
+    import parop as po
+    from parop import checkpoint
+    from parop.nn import as_real
+
+    c, m = 8, 8
+    op = po.kron(po.Matrix(c, c, name="w"), po.Identity(m)) @ po.PerModeMatrix(c, c, (m,), name="s")
+    optimizer = optax.adam(1e-2)
+
+    def adam_state(θ):
+        """Adam's state after one step (on a made-up gradient), placed like θ."""
+        θr = as_real(θ)
+        with jax.numpy_dtype_promotion("standard"):  # optax: float ** int32
+            return jax.jit(lambda θr: optimizer.update(jax.tree.map(jnp.cos, θr), optimizer.init(θr), θr)[1])(θr)
+
+    D = po.distribute(op, (1, 8), shard_weights=True)
+    θ = po.init(D, jax.random.key(0))
+    saved = {"θ": θ, "opt": adam_state(θ)}
+    assert not any(leaf.is_fully_addressable for leaf in jax.tree.leaves(saved))
+    directory = os.path.abspath("checkpoint")  # the launcher runs both workers in one directory
+    checkpoint.save(directory, saved, step=1)
+    want = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), saved)
+
+    checked = {}
+    for label, target_op in [("same (1, 8)", D), ("other (2, 4)", po.distribute(op, (2, 4))), ("serial", op)]:
+        θt = po.init(target_op, jax.random.key(1))
+        like = {"θ": θt, "opt": optimizer.init(as_real(θt))}  # a local, uncommitted step count
+        restored = checkpoint.restore(directory, like)
+        count = 0
+        for (path, r), w, t in zip(jax.tree_util.tree_leaves_with_path(restored), jax.tree.leaves(want),
+                                   jax.tree.leaves(like)):
+            name = f"{label} {jax.tree_util.keystr(path)}"
+            assert r.sharding == t.sharding and r.committed == t.committed, (name, r.sharding, t.sharding)
+            if t.is_fully_addressable:  # on this process's own device
+                np.testing.assert_array_equal(np.asarray(r), w, err_msg=name)
+                count += 1
+            else:
+                count += check_shards(name, r, w, rtol=0, atol=0)
+        checked[label] = count
+    return {"checked": checked}
 
 
 if __name__ == "__main__":

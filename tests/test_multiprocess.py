@@ -1,5 +1,6 @@
 """parop under `jax.distributed`: 2 CPU processes of 4 devices each on 127.0.0.1, gloo
-collectives, one mesh over all 8 global devices.
+collectives, one mesh over all 8 global devices; orbax checkpoints in a directory both
+see.
 
 Each test launches `multiprocess_worker.py` twice (process 0 and 1) with an explicit
 environment (4 forced host devices, not the 8 of this suite's conftest), waits for
@@ -165,6 +166,15 @@ def test_gradient_step_with_shared_weight_over_two_processes():
         for before, after in r["loss"].values():
             assert after < before
     assert results[0]["loss"] == results[1]["loss"]
+
+
+def test_checkpoint_save_and_restore_over_two_processes():
+    pytest.importorskip("orbax.checkpoint")
+    results = run_workers("checkpoint")
+    assert [r["process"] for r in results] == [0, 1]
+    for r in results:
+        # θ and Adam's moments (6 arrays) x 4 shards on each process, and the step count
+        assert r["checked"] == {"same (1, 8)": 25, "other (2, 4)": 25, "serial": 7}
 
 
 # -- the harness: failures are reported, nothing is left running, nothing hangs ---------------

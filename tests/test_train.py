@@ -1,0 +1,97 @@
+"""`parop.nn.fit` and `evaluate` on a tiny model from one (distributed) parop operator:
+any batch size, a partial last batch weighted by its samples, errors that name the
+argument, and no pile-up of distributed programs."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import parop as po
+from parop.nn import evaluate, fit, relative_l2
+
+C, M = 8, 8  # channels, modes
+
+
+class Tiny:
+    """All `fit` and `evaluate` need: `apply(θ, a)`. A per-mode complex channel mixing,
+    then a real channel matrix, on samples of shape (C, M) with the batch axis first (it
+    is the operator's trailing batch axis); `partition` names (channel, mode, batch)."""
+
+    def __init__(self, partition: tuple[int, int, int] | None = None, shard_weights=True):
+        op = po.kron(po.Matrix(C, C, name="w"), po.Identity(M)) @ po.PerModeMatrix(C, C, (M,), name="s")
+        self.op = op if partition is None else po.distribute(op, partition, shard_weights=shard_weights)
+
+    def init(self, key: jax.Array) -> dict[str, jax.Array]:
+        return po.init(self.op, key)
+
+    def apply(self, θ, a: jax.Array) -> jax.Array:
+        return jnp.moveaxis(jnp.real(self.op(θ) @ jnp.moveaxis(a, 0, -1)), -1, 0)
+
+
+def data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs and targets (a fixed linear map of them, reachable by the model), float32."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, C, M)).astype(np.float32)
+    return a, (np.roll(a, 1, axis=1) + 0.5 * a).astype(np.float32)
+
+
+def test_evaluate_weights_a_partial_last_batch_by_its_samples():
+    model = Tiny((1, 2, 4))  # the batch axis split in 4: a batch of 10 could not be split
+    θ = model.init(jax.random.key(0))
+    a, u = data(30)
+    want = float(relative_l2(Tiny().apply(θ, a), u))  # all 30 samples at once, serially
+    for batch in (20, 8, 40):  # 20 + 10, 3 x 8 + 6, and a batch larger than the data
+        np.testing.assert_allclose(evaluate(model, θ, a, u, batch=batch), want, rtol=1e-6, err_msg=f"batch {batch}")
+    batch_means = np.mean([float(relative_l2(Tiny().apply(θ, a[i:i + 20]), u[i:i + 20])) for i in (0, 20)])
+    assert abs(batch_means - want) > 1e-3 * want  # the unweighted mean of 20 and 10 would be wrong
+
+
+def test_fit_takes_any_batch_size_up_to_the_data():
+    a, u = data(30)
+    model = Tiny()
+    for batch in (7, 30):  # batches straddling epochs, and the whole data set
+        with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix Python floats and int32
+            θ, losses = fit(model, model.init(jax.random.key(0)), a, u, steps=6, batch=batch, lr=1e-2, progress=False)
+        assert losses.shape == (6,) and np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+A, U = data(6)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m, θ: fit(m, θ, A, U, steps=0, batch=2), r"steps must be at least 1, got steps=0"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=0), r"batch must be at least 1, got batch=0"),
+    (lambda m, θ: fit(m, θ, A[:0], U[:0], steps=3, batch=2), r"no data: a and u hold 0 samples"),
+    (lambda m, θ: fit(m, θ, A, U[:5], steps=3, batch=2), r"len\(a\)=6, len\(u\)=5"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=7), r"batch=7 is larger than the data set \(6 samples\)"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=2, every=0), r"every must be at least 1, got every=0"),
+    (lambda m, θ: evaluate(m, θ, A, U, batch=0), r"evaluate: batch must be at least 1, got batch=0"),
+    (lambda m, θ: evaluate(m, θ, A[:0], U[:0], batch=2), r"evaluate: no data"),
+    (lambda m, θ: evaluate(m, θ, A[:4], U, batch=2), r"evaluate: .*len\(a\)=4, len\(u\)=6"),
+])
+def test_fit_and_evaluate_name_the_wrong_argument(call, message):
+    model = Tiny()
+    with pytest.raises(ValueError, match=message):
+        call(model, model.init(jax.random.key(0)))
+
+
+def test_evaluate_keeps_few_distributed_programs_in_flight():
+    # Programs with collectives (the DFT's axis is split: all_to_alls), ~200 of them queued
+    # without waiting, make XLA:CPU's rendezvous abort the process after 40 s (measured on
+    # 2 cores); evaluate queues at most IN_FLIGHT.
+    op = po.kron(po.Matrix(C, C, name="w"), po.DFT(M, jnp.complex64))
+
+    class Spectral:
+        D = po.distribute(op, (1, 8, 1))
+
+        def apply(self, θ, a):
+            return jnp.moveaxis(jnp.abs(self.D(θ) @ jnp.moveaxis(a, 0, -1)), -1, 0)
+
+    θ = po.init(Spectral.D, jax.random.key(0))
+    a, u = data(320)
+    start = time.perf_counter()
+    error = evaluate(Spectral(), θ, a, u, batch=1)
+    assert np.isfinite(error) and time.perf_counter() - start < 30
