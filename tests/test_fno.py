@@ -1,5 +1,7 @@
-"""The FNO built from parop operators: serial against a plain-JAX FNO, distributed
-against serial (outputs, loss, every gradient, a training run), and its collectives."""
+"""The FNO built from parop operators on 1-D to 4-D grids: serial against a plain-JAX
+FNO, distributed against serial (initial parameters, outputs, loss, every gradient, a
+training run) for data-, model- and data x model-parallel partitions, its collectives
+per Fourier layer, and its arguments."""
 
 import jax
 import jax.numpy as jnp
@@ -10,103 +12,127 @@ from parop.datasets import darcy_flow
 from parop.nn import FNO, UnitGaussianNormalizer, fit, relative_l2
 
 
-def tiny(batch=4, layers=3):
-    return FNO(batch=batch, grid=(16, 16), width=8, modes=(8, 6), layers=layers, projection=16)
-
-
-def inputs(model, seed=0):
+def inputs(model, batch, seed=0):
     rng = np.random.default_rng(seed)
-    shape = (model.batch, 1) + model.grid
-    return jnp.asarray(rng.standard_normal(shape), jnp.float32), jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    shape = (batch, model.in_channels) + model.grid
+    return (jnp.asarray(rng.standard_normal(shape), jnp.float32),
+            jnp.asarray(rng.standard_normal((batch, model.out_channels) + model.grid), jnp.float32))
 
 
 def test_serial_fno_matches_a_plain_jax_fno():
     plain = pytest.importorskip("benchmarks.plain_fno")
-    model = FNO(batch=3, grid=(16, 16), width=8, modes=(8, 6), layers=2, projection=16)
+    for grid, modes, kept in [((16, 16), (8, 6), (8, 4)), ((8, 8, 8), (4, 4, 4), (4, 4, 3))]:
+        model = FNO(grid, width=8, modes=modes, layers=2, projection=16)
+        θ = model.init(jax.random.key(0))
+        a, _ = inputs(model, 3)
+
+        def dense(name):
+            return {"w": θ[name], "b": θ[f"{name}.bias"]}
+
+        spectral = lambda k: jnp.stack([θ[f"spectral{k}"].real, θ[f"spectral{k}"].imag], -1)  # noqa: E731
+        params = {"lift": dense("lift"), "proj1": dense("proj1"), "proj2": dense("proj2"),
+                  "layers": [{"spectral": spectral(k), "skip": dense(f"skip{k}")} for k in range(2)]}
+        assert θ["spectral0"].shape[2:] == kept
+        want = plain.apply(params, a[:, 0])
+        np.testing.assert_allclose(np.asarray(model.apply(θ, a)[:, 0]), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def test_any_batch_size():
+    model = FNO((16, 16), width=8, modes=(8, 6), layers=2, projection=16)
     θ = model.init(jax.random.key(0))
-    a, _ = inputs(model)
-
-    def dense(name):
-        return {"w": θ[name], "b": θ[f"{name}.bias"]}
-
-    spectral = lambda k: jnp.stack([θ[f"spectral{k}"].real, θ[f"spectral{k}"].imag], -1)
-    params = {
-        "lift": dense("lift"), "proj1": dense("proj1"), "proj2": dense("proj2"),
-        "layers": [{"spectral": spectral(k), "skip": dense(f"skip{k}")} for k in range(2)],
-    }
-    want = plain.apply(params, a[:, 0])
-    np.testing.assert_allclose(np.asarray(model.apply(θ, a)[:, 0]), np.asarray(want), rtol=1e-4, atol=1e-5)
+    a, _ = inputs(model, 5)
+    full = model.apply(θ, a)
+    for b in (1, 2, 5):  # the same model, one sample or several
+        np.testing.assert_allclose(np.asarray(model.apply(θ, a[:b])), np.asarray(full[:b]), rtol=1e-5, atol=1e-6)
 
 
-def test_distributed_fno_equals_serial_forward_and_gradients():
-    model = tiny()
-    dist = model.distribute((1, 1, 2, 4))
-    θ, θd = model.init(jax.random.key(0)), dist.init(jax.random.key(0))
-    for name in θ:
-        np.testing.assert_array_equal(np.asarray(θd[name]), np.asarray(θ[name]))
-    a, u = inputs(model)
-    loss = lambda m: jax.jit(jax.value_and_grad(lambda θ: relative_l2(m.apply(θ, a), u)))
-    (value, grads), (dvalue, dgrads) = loss(model)(θ), loss(dist)(θd)
-    np.testing.assert_allclose(np.asarray(dist.apply(θd, a)), np.asarray(model.apply(θ, a)), rtol=1e-4, atol=1e-5)
-    assert abs(float(dvalue) - float(value)) <= 1e-5 * abs(float(value))
-    assert set(grads) == set(dgrads)
-    for name in grads:
-        g, d = np.asarray(grads[name]), np.asarray(dgrads[name])
-        np.testing.assert_allclose(d, g, rtol=1e-3, atol=1e-4 * np.abs(g).max(), err_msg=name)
-    spectral = θd["spectral0"]
-    assert spectral.addressable_shards[0].data.size < spectral.size  # split with its modes
+CASES = [  # (grid, modes, partitions over (batch, channel, *grid), batch)
+    ((16, 16), (8, 6), [(1, 1, 2, 4), (2, 1, 2, 2), (4, 1, 1, 2)], 4),
+    ((8, 8, 8), (4, 4, 4), [(1, 1, 2, 2, 2), (2, 1, 2, 2, 1), (1, 1, 2, 4, 1)], 2),
+    ((4, 4, 4, 4), (4, 4, 4, 4), [(1, 1, 2, 2, 2, 1), (2, 1, 2, 2, 1, 1)], 2),
+]
 
 
-def hlo_all_to_alls(D) -> int:
+@pytest.mark.parametrize("grid, modes, partitions, batch", CASES, ids=lambda c: str(c))
+def test_distributed_fno_equals_serial(grid, modes, partitions, batch):
+    model = FNO(grid, width=8, modes=modes, layers=2, projection=16)
+    θ = model.init(jax.random.key(0))
+    a, u = inputs(model, batch)
+    loss = lambda m: jax.jit(jax.value_and_grad(lambda θ: relative_l2(m.apply(θ, a), u)))  # noqa: E731
+    value, grads = loss(model)(θ)
+    for partition in partitions:
+        dist = model.distribute(partition)
+        θd = dist.init(jax.random.key(0))
+        for name in θ:  # the same initial parameters, placed where the model keeps them
+            np.testing.assert_array_equal(np.asarray(θd[name]), np.asarray(θ[name]), err_msg=name)
+            assert θd[name].sharding == dist.param_shardings()[name]
+        np.testing.assert_allclose(np.asarray(dist.apply(θd, a)), np.asarray(model.apply(θ, a)), rtol=1e-4,
+                                   atol=1e-5)
+        dvalue, dgrads = loss(dist)(θd)
+        assert abs(float(dvalue) - float(value)) <= 1e-5 * abs(float(value))
+        assert set(grads) == set(dgrads)
+        for name in grads:
+            g, d = np.asarray(grads[name]), np.asarray(dgrads[name])
+            np.testing.assert_allclose(d, g, rtol=1e-3, atol=1e-4 * np.abs(g).max(), err_msg=(partition, name))
+
+
+def hlo_counts(D) -> dict[str, int]:
     run, specs = D._program(())
     x = jnp.zeros(D.domain_shape, D.dtype)
     ws = [jnp.zeros(D.parameters[name].param_shape, D.parameters[name].param_dtype) for name, _ in specs]
     text = run.lower(x, *ws).compile().as_text()
-    assert "all-gather(" not in text
-    return text.count("all-to-all(")
+    return {k: text.count(f"{k}(") for k in ("all-to-all", "all-gather")}
 
 
-def test_model_parallel_layer_takes_two_all_to_alls():
-    # batch 1: the splits cannot hide in the batch axis; x is split over 4 devices
-    dist = tiny(batch=1).distribute((1, 1, 4, 1))
-    assert [hlo_all_to_alls(L) for L in dist.ops["layers"]] == [2, 2, 2]
-
-
-@pytest.mark.parametrize("batch, grid, modes", [
-    (4, (16, 16), (8, 6)),
-    (1, (32, 32), (12, 12)),  # 7 modes on the real-FFT axis: split 8 ways, padded to 8
-    (20, (32, 32), (12, 12)),  # the training protocol's sizes
+@pytest.mark.parametrize("grid, modes, partition, batch, per_layer", [
+    ((32, 32), (12, 12), (1, 1, 2, 4), 20, 2),  # the training protocol's sizes: dfno's 2 per layer
+    ((16, 16, 16), (8, 8, 8), (1, 1, 2, 2, 2), 1, 2),  # three grid axes split, one sample
+    ((16, 16, 16), (8, 8, 8), (2, 1, 2, 2, 1), 2, 2),  # data x model parallel
 ])
-def test_spatial_2x4_split_takes_two_per_layer(batch, grid, modes):
-    # the lifting moves the input to the layers' steady layout, so that the first layer
-    # pays no more than the others
-    model = FNO(batch=batch, grid=grid, width=8, modes=modes, layers=3, projection=16)
-    dist = model.distribute((1, 1, 2, 4))
-    assert [hlo_all_to_alls(L) for L in dist.ops["layers"]] == [2, 2, 2]
-    assert sum(hlo_all_to_alls(dist.ops[k]) for k in ("lift", "proj1", "proj2")) <= 2
-
-
-def test_planning_by_bytes_alone_keeps_the_spectral_weights_sharded(monkeypatch):
-    # the protocol's sizes: with a collective worth nothing, 4 all_to_alls per layer
-    # beat padding the 7 real-FFT modes, whose weights would then be kept whole
-    import parop.distributed.plan as plan
-
-    monkeypatch.setattr(plan, "LATENCY_BYTES", 0.0)
-    dist = FNO(batch=20, grid=(32, 32), width=32, modes=(12, 12), layers=2).distribute((1, 1, 2, 4))
-    assert [hlo_all_to_alls(L) for L in dist.ops["layers"]] == [4, 4]
-    spectral = dist.init(jax.random.key(0))["spectral1"]
-    assert spectral.addressable_shards[0].data.size < spectral.size
+def test_all_to_alls_per_fourier_layer(grid, modes, partition, batch, per_layer):
+    model = FNO(grid, width=8, modes=modes, layers=3, projection=16)
+    ops = model.distribute(partition).operators(batch)
+    counts = [hlo_counts(D) for D in ops]
+    assert all(c["all-gather"] == 0 for c in counts), counts
+    assert [c["all-to-all"] for c in counts[1:-2]] == [per_layer] * 3
+    # the network is planned as a whole: consecutive operators hand over without a relayout
+    for D, E in zip(ops, ops[1:]):
+        assert D.out_sharding == E.in_sharding
 
 
 def test_distributed_training_follows_serial_step_for_step():
-    model = tiny()
-    dist = model.distribute((1, 1, 2, 4))
+    model = FNO((16, 16), width=8, modes=(8, 6), layers=2, projection=16)
+    dist = model.distribute((2, 1, 2, 2))
     a, u = darcy_flow(16, 16, seed=1)
-    norm = UnitGaussianNormalizer.fit(a)
-    a = norm.encode(a)[:, None]
+    a = UnitGaussianNormalizer.fit(a).encode(a)[:, None]
     u = u[:, None]
-    run = lambda m: fit(m, m.init(jax.random.key(0)), a, u, steps=20, batch=4, progress=False)[1]
+    run = lambda m: fit(m, m.init(jax.random.key(0)), a, u, steps=20, batch=4, progress=False)[1]  # noqa: E731
     with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix Python floats and int32
         serial, distributed = run(model), run(dist)
     np.testing.assert_array_less(np.abs(distributed - serial) / serial, 1e-4)
     assert serial[-1] < serial[0]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(grid=(8,), modes=(10,)), r"modes\[0\] = 10 on real-FFT axis 0 of size 8 .* largest valid count there is 9"),
+    (dict(grid=(8, 8), modes=(10, 4)), r"modes\[0\] = 10 on axis 0 of size 8 would keep frequencies twice; the largest valid count there is 8"),
+    (dict(grid=(8, 8), modes=(20, 4)), r"modes\[0\] = 20 on axis 0 of size 8"),
+    (dict(grid=(8, 8), modes=(4,)), "one count per grid axis"),
+    (dict(grid=(8, 8, 8, 8, 8)), "1 to 4 positive ints"),
+    (dict(grid=(8, 8), width=0), "width must be a positive int"),
+    (dict(grid=(8, 8), local_kernel=2), "local_kernel must be an odd positive int"),
+    (dict(grid=(8, 8), dtype=jnp.bfloat16), "dtype must be float32 or float64"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FNO(**kwargs)
+
+
+def test_wrong_input_shape_and_unsplittable_batch():
+    model = FNO((8, 8, 8), width=4, modes=(4, 4, 4), layers=1, projection=8)
+    θ = model.init(jax.random.key(0))
+    with pytest.raises(ValueError, match=r"input must have shape \(batch, 1, 8, 8, 8\), got \(2, 1, 8, 8\)"):
+        model.apply(θ, jnp.zeros((2, 1, 8, 8)))
+    dist = model.distribute((2, 1, 2, 2, 1))
+    with pytest.raises(ValueError, match="a batch of 3 samples cannot be split in 2"):
+        dist.apply(dist.init(jax.random.key(0)), jnp.zeros((3, 1, 8, 8, 8)))

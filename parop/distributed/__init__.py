@@ -1,7 +1,8 @@
 """Distribution: layouts, the planner, the lowering to `shard_map`, and the operator
 users hold."""
 
+from .chain import distribute_chain
 from .operator import DistributedOperator, distribute
 from .plan import CostModel, Plan
 
-__all__ = ["CostModel", "DistributedOperator", "Plan", "distribute"]
+__all__ = ["CostModel", "DistributedOperator", "Plan", "distribute", "distribute_chain"]

@@ -109,12 +109,39 @@ def _local(visit: Visit, x: jax.Array, weights: dict, scalars: tuple) -> jax.Arr
         x = times(c, x)
     else:
         key = _weight_key(visit)
-        x = step.leaf._forward(None if key is None else weights[key], x, step.axes[0])
+        w = None if key is None else weights[key]
+        x = _stencil(visit, w, x) if action.halo else step.leaf._forward(w, x, step.axes[0])
     if action.scatter:
         x = lax.psum_scatter(x, _names(action.psum), scatter_dimension=step.axes[0], tiled=True)
     elif action.psum:
         x = lax.psum(x, _names(action.psum))
     return x
+
+
+def _stencil(visit: Visit, w, x: jax.Array) -> jax.Array:
+    """A stencil on a block whose split axes get their halos from the neighbouring
+    devices (one after the other, so the corners come along) and whose whole axes are
+    padded locally; then its valid part."""
+    action, step = visit.action, visit.action.step
+    leaf, axis = step.leaf.leaf, step.axes[0]
+    spatial = axis + leaf.grid_offset
+    whole = [a - spatial for a in range(spatial, spatial + len(leaf.halo)) if a not in action.halo]
+    x = leaf.extend(x, axis, whole)
+    for a in action.halo:
+        x = _exchange(x, a, action.halo_width(a), visit.before.layout[a], visit.before.group(visit.before.layout[a]),
+                      leaf.boundary == "periodic")
+    return leaf._valid(w, x, axis, adjoint=step.leaf is not leaf)
+
+
+def _exchange(x: jax.Array, axis: int, width: int, axes: tuple[str, ...], devices: int, periodic: bool) -> jax.Array:
+    """`x` with `width` planes of each neighbour along `axis` (split over `axes`) on
+    either side: the ring's wrap-around if `periodic`, zeros at the ends otherwise."""
+    n = x.shape[axis]
+    ring = [(i, (i + 1) % devices) for i in range(devices) if periodic or i + 1 < devices]
+    back = [(j, i) for i, j in ring]
+    left = lax.ppermute(lax.slice_in_dim(x, n - width, n, axis=axis), _names(axes), ring)
+    right = lax.ppermute(lax.slice_in_dim(x, 0, width, axis=axis), _names(axes), back)
+    return jnp.concatenate([left, x, right], axis=axis)
 
 
 def _names(axes: tuple[str, ...]):

@@ -60,7 +60,9 @@ class Setup:
     layout of the domain and the batch axes the partition names, the wanted output,
     the machine model. Its plans and programs are kept here, one per input shape, and
     shared by `D`, `D.H` and every copy JAX makes of them (a `Setup` is compared by
-    identity: it is their static pytree data)."""
+    identity: it is their static pytree data). The first plan pins where each weight
+    lives (`pinned`); the plans for other batch shapes keep it there, so `po.init(D)`
+    places every weight once."""
 
     mesh: Mesh
     in_layout: Layout
@@ -69,6 +71,28 @@ class Setup:
     shard_weights: bool | str
     where: str
     plans: OrderedDict = field(default_factory=OrderedDict)
+    pinned: dict = field(default_factory=dict)  # weight name -> its split, fixed by the first plan
+
+    def keep(self, key, plan: Plan) -> None:
+        """Keep `plan` (and its program) for input shape `key`, and pin the weights it
+        places first: every later plan keeps them there."""
+        for name, spec in plan.weight_specs().items():
+            self.pinned.setdefault(name, spec)
+        self.plans[key] = (plan, lower(plan, self.mesh))
+        while len(self.plans) > PLANS_KEPT:
+            self.plans.popitem(last=False)
+
+    def goal(self, in_layout: Layout, out_shape: tuple[int, ...]) -> Goal:
+        """The goal of a plan from `in_layout` (with any unnamed batch axes) to a tensor of
+        `out_shape`."""
+        out, extra = self.out, len(out_shape) - len(self.in_layout)
+        if out is None:
+            return default_goal(in_layout, out_shape, self.mesh.shape)
+        if out == "auto":
+            return Goal.any()
+        if out[0] == "counts":
+            return counts_goal(out[1] + (1,) * extra, in_layout, self.mesh.shape)
+        return Goal.layout(out[1] + ((),) * extra)
 
 
 class DistributedOperator(Operator):
@@ -147,11 +171,7 @@ class DistributedOperator(Operator):
         key = (batch_shape, self.adjoint)
         if key not in plans:
             plan = self._forward_plan(batch_shape)
-            if self.adjoint:
-                plan = plan.transpose(self.op.H)
-            plans[key] = (plan, lower(plan, self.mesh))
-            while len(plans) > PLANS_KEPT:
-                plans.popitem(last=False)
+            self.setup.keep(key, plan.transpose(self.op.H) if self.adjoint else plan)
         plans.move_to_end(key)
         return plans[key]
 
@@ -168,18 +188,9 @@ class DistributedOperator(Operator):
         shape = self.op.domain_shape + batch_shape
         in_layout = setup.in_layout + ((),) * (len(batch_shape) - named)  # unnamed batch axes: replicated
         check_splits(shape, in_layout, self.mesh, setup.where)
-        out_shape = self.op.range_shape + batch_shape
-        out = setup.out
-        if out is None:
-            goal = default_goal(in_layout, out_shape, self.mesh.shape)
-        elif out == "auto":
-            goal = Goal.any()
-        elif out[0] == "counts":
-            goal = counts_goal(out[1] + (1,) * (len(shape) - len(out[1])), in_layout, self.mesh.shape)
-        else:
-            goal = Goal.layout(out[1] + ((),) * (len(shape) - len(out[1])))
+        goal = setup.goal(in_layout, self.op.range_shape + batch_shape)
         return make_plan(self.op, shape, in_layout, self.mesh.shape, goal, setup.cost, setup.where,
-                         setup.shard_weights)
+                         setup.shard_weights, setup.pinned)
 
     def _default_batch(self) -> tuple[int, ...]:
         """The batch shape whose plan `D.plan` and `po.init(D)` use: none where the
@@ -322,9 +333,19 @@ def distribute(
     >>> y = D @ x                 # == np.fft.rfftn(x), sharded as D.out_sharding
     ```
     """
+    setup = placement(op, partition, out_partition, mesh, shard_weights, cost, f"distribute({op!r})")
+    D = DistributedOperator(op, setup)
+    if D.n_batch == 0:
+        D.plan_for(())  # plan now, so that bad input fails here and not at the first call
+    return D
+
+
+def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
+              cost: CostModel | None, where: str) -> Setup:
+    """The `Setup` of `distribute`'s arguments for `op`, each checked (`ValueError` or
+    `TypeError` naming what is wrong)."""
     if not isinstance(op, Operator) or getattr(op, "distributed", False):
         raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
-    where = f"distribute({op!r})"
     check_mesh(mesh, where)
     program(op, op.domain_shape)  # an operator the planner cannot read fails here
     cost = CostModel() if cost is None else cost
@@ -356,10 +377,7 @@ def distribute(
         out = ("layout", layout_of(out_partition, len(in_layout), mesh, where))
     elif counts is not None:
         out = ("counts", _check_counts(counts, in_layout, mesh, op, where))
-    D = DistributedOperator(op, Setup(mesh, in_layout, out, cost, shard_weights, where))
-    if D.n_batch == 0:
-        D.plan_for(())  # plan now, so that bad input fails here and not at the first call
-    return D
+    return Setup(mesh, in_layout, out, cost, shard_weights, where)
 
 
 def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, op: Operator, where: str):

@@ -1,15 +1,22 @@
-"""A 2-D Fourier neural operator (Li et al. 2020) built from parop operators.
+"""A Fourier neural operator (Li et al. 2020) on 1-D to 4-D grids, built from parop
+operators.
 
 Every linear map of the network is a parop operator on the tensor
-`(batch, channel, x, y)`; between them stand only bias additions and GELUs. So the
+`(batch, channel, *grid)`; between them stand only bias additions and GELUs. So the
 same model runs serial or, through `FNO.distribute`, as one `shard_map` program per
-layer over a device mesh (the spatial axes split, the spectral weights split with
-their modes).
+operator over a device mesh, the whole network planned at once
+(`po.distribute_chain`): the layouts where one operator hands over to the next are the
+ones that minimise the cost of a training step.
+
+The model has no batch size: its operators are built for each batch size it meets
+(a leading `Identity(batch)` factor) and kept, and a distributed model plans each batch
+size once.
 """
 
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Any, Sequence
 
 import jax
@@ -18,182 +25,266 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import _dtypes
 from ..algebra import kron
-from ..distributed import DistributedOperator, distribute
-from ..distributed.layout import Layout, layout_of, spec_of
-from ..distributed.operator import place
-from ..distributed.plan import make_plan
+from ..distributed import CostModel, DistributedOperator, distribute_chain
+from ..distributed.layout import spec_of
+from ..distributed.operator import placement
 from ..operator import Operator
-from ..operators import DFT, Identity, Matrix, PerModeMatrix, Restriction
+from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
 from ..params import name_key
 
 Params = dict[str, jax.Array]
 
 
-def spectral_convolution(batch: int, width: int, grid: tuple[int, int], modes: tuple[int, int],
-                         dtype, name: str) -> Operator:
-    """The FNO's spectral convolution as one operator on `(batch, width, x, y)`:
+def largest_modes(grid: Sequence[int]) -> tuple[int, ...]:
+    """The most modes each axis can keep with no frequency twice: all `n` of a full-FFT
+    axis; on the real-FFT (last) axis, `m` with `m // 2 + 1 <= n // 2 + 1`."""
+    *full, last = grid
+    return tuple(full) + (2 * (last // 2) + 1,)
+
+
+def check_modes(grid: tuple[int, ...], modes, where: str = "FNO") -> tuple[int, ...]:
+    """`modes` (neuraloperator's convention, one count per axis) checked against `grid`:
+    a `ValueError` naming the axis, its size and the largest valid count."""
+    largest = largest_modes(grid)
+    if modes is None:
+        return tuple(min(12, m) for m in largest)
+    modes = tuple(modes) if isinstance(modes, (tuple, list)) else modes
+    if not isinstance(modes, tuple) or len(modes) != len(grid):
+        raise ValueError(f"{where}: modes must give one count per grid axis ({len(grid)} for grid {grid}), got {modes!r}")
+    for i, (m, n, most) in enumerate(zip(modes, grid, largest)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"{where}: modes[{i}] must be a positive int, got {m!r}")
+        if m > most:
+            kind = "real-FFT axis" if i == len(grid) - 1 else "axis"
+            raise ValueError(
+                f"{where}: modes[{i}] = {m} on {kind} {i} of size {n} would keep frequencies twice; "
+                f"the largest valid count there is {most} (modes at most {largest})"
+            )
+    return modes
+
+
+def spectral_convolution(batch: int, width: int, grid: tuple[int, ...], modes: tuple[int, ...], dtype,
+                         name: str) -> Operator:
+    """The FNO's spectral convolution as one operator on `(batch, width, *grid)`:
     `rFFT -> keep the low modes -> PerModeMatrix -> put them back -> inverse rFFT`.
 
-    `modes = (mx, my)` as in `neuraloperator`: `mx` frequencies on the full axis
-    (`-mx//2 .. (mx+1)//2 - 1`, both ends of the spectrum) and `my//2 + 1` on the
-    real-FFT axis (`0 .. my//2`).
+    `modes` as in `neuraloperator`: `m` frequencies on each full-FFT axis (both ends of
+    the spectrum: `0 .. (m+1)//2 - 1` and the last `m//2`), and `m//2 + 1` on the
+    real-FFT (last) axis (`0 .. m//2`).
     """
-    (nx, ny), (mx, my) = grid, modes
     cdtype = _dtypes.complex_of(dtype)
-    fx, fy = DFT(nx, cdtype), DFT(ny, dtype)
-    rx = Restriction(nx, [slice(0, (mx + 1) // 2), slice(nx - mx // 2, nx)])
-    ry = Restriction(ny // 2 + 1, slice(0, my // 2 + 1))
-    weights = PerModeMatrix(width, width, (mx, my // 2 + 1), cdtype, name=name)
-    down = kron(Identity(batch), Identity(width), rx @ fx, ry @ fy)
-    up = kron(Identity(batch), Identity(width), fx.inverse() @ rx.H, fy.inverse() @ ry.H)
+    downs, ups, kept = [], [], []
+    for i, (n, m) in enumerate(zip(grid, modes)):
+        if i < len(grid) - 1:
+            F, R = DFT(n, cdtype), Restriction(n, [slice(0, (m + 1) // 2), slice(n - m // 2, n)])
+        else:
+            F, R = DFT(n, dtype), Restriction(n // 2 + 1, slice(0, m // 2 + 1))
+        downs.append(R @ F)
+        ups.append(F.inverse() @ R.H)
+        kept.append(R.range_shape[0])
+    weights = PerModeMatrix(width, width, tuple(kept), cdtype, name=name)
+    down = kron(Identity(batch), Identity(width), *downs)
+    up = kron(Identity(batch), Identity(width), *ups)
     return up @ kron(Identity(batch), weights) @ down
 
 
-def channel_mixing(batch: int, c_out: int, c_in: int, grid: tuple[int, int], dtype, name: str) -> Operator:
+def channel_mixing(batch: int, c_out: int, c_in: int, grid: tuple[int, ...], dtype, name: str) -> Operator:
     """A 1x1 convolution (without bias): `Matrix(c_out, c_in)` on the channel axis."""
-    return kron(Identity(batch), Matrix(c_out, c_in, dtype, name=name), Identity(grid[0]), Identity(grid[1]))
+    return kron(Identity(batch), Matrix(c_out, c_in, dtype, name=name), *(Identity(n) for n in grid))
+
+
+def local_convolution(batch: int, width: int, grid: tuple[int, ...], kernel: int, dtype, name: str) -> Operator:
+    """A `kernel`^d periodic convolution (without bias) on `(batch, width, *grid)`: the
+    local path beside the spectral one (distributed, a halo exchange)."""
+    return kron(Identity(batch), Convolution(width, width, (kernel,) * len(grid), grid, "periodic", dtype, name=name))
 
 
 class FNO:
-    """A 2-D FNO: lifting, `layers` Fourier layers (spectral convolution + 1x1 skip +
-    GELU), and a two-layer pointwise projection, on inputs `(batch, in_channels, x, y)`
-    with the grid coordinates appended as two more channels.
+    """A Fourier neural operator on a `len(grid)`-dimensional grid (1 to 4): lifting,
+    `layers` Fourier layers (spectral convolution + 1x1 skip [+ local convolution] +
+    GELU), and a two-layer pointwise projection, on inputs `(batch, in_channels, *grid)`
+    of any batch size, with the grid coordinates appended as `len(grid)` more channels.
 
     ```python
-    >>> model = FNO(batch=20, grid=(32, 32), width=32, modes=(12, 12), layers=4)
+    >>> model = FNO((32, 32), width=32, modes=(12, 12), layers=4)
     >>> θ = model.init(jax.random.key(0))
-    >>> u = model.apply(θ, a)                      # a: (20, 1, 32, 32) -> (20, 1, 32, 32)
+    >>> u = model.apply(θ, a)                      # a: (b, 1, 32, 32) -> (b, 1, 32, 32), any b
     >>> dist = model.distribute((1, 1, 2, 4))      # the same network over 8 devices
     >>> u2 = dist.apply(dist.init(jax.random.key(0)), a)
     ```
+
+    `local_kernel=k` adds a `k`^d periodic convolution to each Fourier layer, beside the
+    spectral one (neuraloperator's local path; distributed, a halo exchange).
     """
 
-    def __init__(self, batch: int, grid: Sequence[int], *, in_channels: int = 1, out_channels: int = 1,
-                 width: int = 32, modes: Sequence[int] = (12, 12), layers: int = 4, projection: int = 128,
-                 dtype=jnp.float32, operators: dict[str, Any] | None = None):
-        self.batch, self.grid = batch, tuple(grid)
-        self.width, self.modes, self.n_layers = width, tuple(modes), layers
-        self.in_channels, self.out_channels, self.projection = in_channels, out_channels, projection
-        self.dtype = _dtypes.canonical(dtype)
-        self.ops = operators or self._build()
+    def __init__(self, grid: Sequence[int], *, width: int = 32, modes: Sequence[int] | None = None,
+                 layers: int = 4, in_channels: int = 1, out_channels: int = 1, projection: int = 128,
+                 dtype=jnp.float32, local_kernel: int | None = None):
+        grid = tuple(grid) if isinstance(grid, (tuple, list)) else grid
+        if not isinstance(grid, tuple) or not 1 <= len(grid) <= 4 or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in grid):
+            raise ValueError(f"FNO: grid must be 1 to 4 positive ints (a 1-D to 4-D grid), got {grid!r}")
+        for what, value in (("width", width), ("layers", layers), ("in_channels", in_channels),
+                            ("out_channels", out_channels), ("projection", projection)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"FNO: {what} must be a positive int, got {value!r}")
+        if local_kernel is not None and (not isinstance(local_kernel, int) or local_kernel < 1 or local_kernel % 2 == 0):
+            raise ValueError(f"FNO: local_kernel must be an odd positive int (or None), got {local_kernel!r}")
+        dtype = _dtypes.canonical(dtype)
+        if dtype not in (jnp.float32, jnp.float64):
+            raise ValueError(f"FNO: dtype must be float32 or float64 (its spectral weights are complex), got {dtype}")
+        self.grid, self.width, self.modes = grid, width, check_modes(grid, modes)
+        self.n_layers, self.in_channels, self.out_channels = layers, in_channels, out_channels
+        self.projection, self.dtype, self.local_kernel = projection, dtype, local_kernel
+        self._operators: dict[int, list[Operator]] = {}
 
-    def _build(self) -> dict[str, Any]:
-        b, g, w, d = self.batch, self.grid, self.width, self.dtype
-        return {
-            "lift": channel_mixing(b, w, self.in_channels + 2, g, d, "lift"),
-            "layers": [
-                spectral_convolution(b, w, g, self.modes, d, f"spectral{k}") + channel_mixing(b, w, w, g, d, f"skip{k}")
-                for k in range(self.n_layers)
-            ],
-            "proj1": channel_mixing(b, self.projection, w, g, d, "proj1"),
-            "proj2": channel_mixing(b, self.out_channels, self.projection, g, d, "proj2"),
-        }
+    def _rebuild(self, cls, **extra):
+        """The same network as an instance of `cls`."""
+        return cls(self.grid, width=self.width, modes=self.modes, layers=self.n_layers,
+                   in_channels=self.in_channels, out_channels=self.out_channels, projection=self.projection,
+                   dtype=self.dtype, local_kernel=self.local_kernel, **extra)
 
-    @property
-    def operators(self) -> list[Operator]:
-        return [self.ops["lift"], *self.ops["layers"], self.ops["proj1"], self.ops["proj2"]]
+    # -- the operators -------------------------------------------------------------------
+    def operators(self, batch: int) -> list[Operator]:
+        """The network's operators for inputs of `batch` samples: lifting, the Fourier
+        layers, the two projections (built once per batch size)."""
+        if batch not in self._operators:
+            self._operators[batch] = self._build(batch)
+        return self._operators[batch]
+
+    def _build(self, b: int) -> list[Operator]:
+        g, w, d = self.grid, self.width, self.dtype
+        layers = []
+        for k in range(self.n_layers):
+            layer = spectral_convolution(b, w, g, self.modes, d, f"spectral{k}") + channel_mixing(b, w, w, g, d, f"skip{k}")
+            if self.local_kernel is not None:
+                layer = layer + local_convolution(b, w, g, self.local_kernel, d, f"local{k}")
+            layers.append(layer)
+        return [channel_mixing(b, w, self.in_channels + len(g), g, d, "lift"), *layers,
+                channel_mixing(b, self.projection, w, g, d, "proj1"),
+                channel_mixing(b, self.out_channels, self.projection, g, d, "proj2")]
+
+    @cached_property
+    def parameters(self) -> dict[str, Any]:
+        """`{name: leaf}` of every weight (biases apart): the same for every batch size."""
+        found: dict[str, Any] = {}
+        for op in FNO._build(self, 1):
+            found.update(op.parameters)
+        return found
 
     # -- parameters ------------------------------------------------------------------------
     def init(self, key: jax.Array) -> Params:
         """Parameters as in `neuraloperator`: 1x1 convolutions and biases uniform in
-        `±1/sqrt(fan_in)`, spectral weights with real and imaginary parts uniform in
-        `[0, 1/width²)`; deterministic in `key`, and placed where a distributed model
-        needs them."""
+        `±1/sqrt(fan_in)` (local convolutions: fan-in `width·k^d`), spectral weights with
+        real and imaginary parts uniform in `[0, 1/width²)`; deterministic in `key`, each
+        weight drawn where the model keeps it."""
         θ: Params = {}
-        for op in self.operators:
-            shardings = op.param_shardings() if isinstance(op, DistributedOperator) else {}
-            for name, leaf in op.parameters.items():
-                k = name_key(key, name)
-                if name.startswith("spectral"):
-                    real = _dtypes.real_of(leaf.param_dtype)
-                    re, im = jax.random.uniform(k, (2,) + leaf.param_shape, real) / self.width**2
-                    value = jax.lax.complex(re, im)
-                else:
-                    bound = 1 / math.sqrt(leaf.param_shape[1])
-                    value = jax.random.uniform(k, leaf.param_shape, leaf.param_dtype, -bound, bound)
-                    bias = jax.random.uniform(name_key(key, f"{name}.bias"),
-                                              leaf.param_shape[:1], leaf.param_dtype, -bound, bound)
-                    θ[f"{name}.bias"] = _place(bias, shardings and NamedSharding(op.mesh, PartitionSpec()))
-                θ[name] = _place(value, shardings.get(name))
+        places = self.param_shardings()
+        drawn = lambda draw, name: jax.jit(draw, out_shardings=places.get(name))(name_key(key, name))  # noqa: E731
+        for name, leaf in self.parameters.items():
+            shape = leaf.param_shape
+            if name.startswith("spectral"):
+                real = _dtypes.real_of(leaf.param_dtype)
+                draw = lambda k, s=shape, r=real: jax.lax.complex(*(jax.random.uniform(k, (2,) + s, r) / self.width**2))
+            else:
+                bound = 1 / math.sqrt(math.prod(shape[1:]))
+                draw = lambda k, s=shape, b=bound: jax.random.uniform(k, s, self.dtype, -b, b)
+                θ[f"{name}.bias"] = drawn(lambda k, n=shape[0], b=bound: jax.random.uniform(k, (n,), self.dtype, -b, b),
+                                          f"{name}.bias")
+            θ[name] = drawn(draw, name)
         return θ
+
+    def param_shardings(self) -> dict[str, NamedSharding]:
+        """Where each parameter lives: nowhere in particular for a serial model."""
+        return {}
 
     # -- the network -------------------------------------------------------------------------
     def apply(self, θ: Params, a: jax.Array) -> jax.Array:
-        """The FNO on `a` of shape `(batch, in_channels, x, y)`."""
-        nx, ny = self.grid
-        gx = jnp.broadcast_to(jnp.linspace(0, 1, nx, dtype=self.dtype)[:, None], (nx, ny))
-        gy = jnp.broadcast_to(jnp.linspace(0, 1, ny, dtype=self.dtype)[None, :], (nx, ny))
-        coords = jnp.broadcast_to(jnp.stack([gx, gy]), (a.shape[0], 2, nx, ny))
-        h = jnp.concatenate([a.astype(self.dtype), coords], axis=1)
-        h = self._affine("lift", θ, h)
-        for k, layer in enumerate(self.ops["layers"]):
-            h = layer(θ) @ h + _bias(θ[f"skip{k}.bias"])
+        """The FNO on `a` of shape `(batch, in_channels, *grid)`, any batch size."""
+        shape = (self.in_channels,) + self.grid
+        if a.ndim != len(shape) + 1 or a.shape[1:] != shape:
+            raise ValueError(f"FNO: input must have shape (batch, {', '.join(map(str, shape))}), got {a.shape}")
+        ops = self.operators(a.shape[0])
+        axes = [jnp.linspace(0, 1, n, dtype=self.dtype) for n in self.grid]
+        coords = jnp.stack(jnp.meshgrid(*axes, indexing="ij"))
+        h = jnp.concatenate([a.astype(self.dtype), jnp.broadcast_to(coords, (a.shape[0],) + coords.shape)], axis=1)
+        h = self._affine(ops[0], "lift", θ, h)
+        for k, layer in enumerate(ops[1:-2]):
+            h = self._affine(layer, f"skip{k}", θ, h)
             if k < self.n_layers - 1:
                 h = jax.nn.gelu(h, approximate=False)
-        h = jax.nn.gelu(self._affine("proj1", θ, h), approximate=False)
-        return self._affine("proj2", θ, h)
+        h = jax.nn.gelu(self._affine(ops[-2], "proj1", θ, h), approximate=False)
+        return self._affine(ops[-1], "proj2", θ, h)
 
-    def _affine(self, name: str, θ: Params, h: jax.Array) -> jax.Array:
-        return self.ops[name](θ) @ h + _bias(θ[f"{name}.bias"])
+    def _affine(self, op: Operator, name: str, θ: Params, h: jax.Array) -> jax.Array:
+        bias = θ[f"{name}.bias"]
+        return op(θ) @ h + bias.reshape(bias.shape + (1,) * len(self.grid))
 
     # -- distribution ------------------------------------------------------------------------
-    def distribute(self, partition: tuple[int, ...], mesh: Mesh | None = None) -> "FNO":
-        """The same network with every operator distributed, the input split as
-        `partition` over `(batch, channel, x, y)`.
-
-        The Fourier layers are alike, so they share one *steady* layout S: the lifting
-        goes from the input layout to S (so a repartition moves the few input channels,
-        not the `width` lifted ones), every Fourier layer from S to S, and the projection
-        back to the input layout. S is the layout, among the input's own and the first
-        layer's 4 cheapest exits from it, that minimises the planner's cost of the whole
-        network.
-        """
-        entry_lift = distribute(self.ops["lift"], partition, mesh=mesh)
-        mesh, spec = entry_lift.mesh, entry_lift.in_sharding.spec
-        first = self.ops["layers"][0]
-        shape = first.domain_shape
-        entry = layout_of(spec, len(shape), mesh, "FNO.distribute")
-        exits = make_plan(first, shape, entry, mesh.shape, lambda layout: True, "FNO.distribute", exits=4).exits
-        candidates = [entry, *sorted(set(exits) - {entry}, key=lambda layout: (exits[layout], str(layout)))[:4]]
-
-        def network(layout: Layout) -> dict[str, Any] | None:
-            """Every operator but the later Fourier layers, distributed with `layout` as
-            the layers' steady layout (None where one of them cannot be planned)."""
-            steady = spec_of(layout)
-            try:
-                return {"lift": distribute(self.ops["lift"], spec, mesh=mesh, out_partition=steady),
-                        "first": distribute(first, steady, mesh=mesh, out_partition=steady),
-                        "proj1": distribute(self.ops["proj1"], steady, mesh=mesh, out_partition=steady),
-                        "proj2": distribute(self.ops["proj2"], steady, mesh=mesh, out_partition=spec)}
-            except ValueError:
-                return None
-
-        def cost(ops: dict[str, Any]):
-            """The planner's cost of the whole network: the first layer's counts for all."""
-            costs = [D.plan.route.cost for D in ops.values()]
-            costs += [ops["first"].plan.route.cost] * (self.n_layers - 1)
-            return tuple(map(sum, zip(*costs)))
-
-        scored = [(cost(ops), k, ops) for k, layout in enumerate(candidates) if (ops := network(layout))]
-        if not scored:
-            raise ValueError(f"FNO.distribute: no layout lets every Fourier layer run from it on partition {partition}")
-        _, k, ops = min(scored, key=lambda s: s[:2])
-        steady = spec_of(candidates[k])
-        ops["layers"] = [ops.pop("first"), *(distribute(op, steady, mesh=mesh, out_partition=steady)
-                                             for op in self.ops["layers"][1:])]
-        return FNO(self.batch, self.grid, in_channels=self.in_channels, out_channels=self.out_channels,
-                   width=self.width, modes=self.modes, layers=self.n_layers, projection=self.projection,
-                   dtype=self.dtype, operators=ops)
+    def distribute(self, partition: tuple[int, ...] | PartitionSpec, *, mesh: Mesh | None = None,
+                   cost: CostModel | None = None) -> "DistributedFNO":
+        """The same network over a device mesh, the input split as `partition` over
+        `(batch, channel, *grid)`: data parallel (the batch split), model parallel (grid
+        axes split) or both. For each batch size it meets, the whole network is planned
+        at once (`po.distribute_chain`), once; the first plan fixes where the weights
+        live. The 1x1 convolutions keep their (small, `width²`) weights whole
+        (`shard_weights=False`): the spectral weights, split with their modes, are the
+        ones that matter, and no row-parallel `psum` can then trade the model's
+        parallelism for fewer bytes moved, which also keeps the plan quick to find."""
+        return self._rebuild(DistributedFNO, partition=partition, mesh=mesh, cost=cost)
 
     @property
     def distributed(self) -> bool:
-        return isinstance(self.ops["lift"], DistributedOperator)
+        return False
 
 
-def _bias(b: jax.Array) -> jax.Array:
-    return b[:, None, None]
+def _names(entry) -> tuple[str, ...]:
+    """The mesh axis names of one `PartitionSpec` entry."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _place(value: jax.Array, sharding) -> jax.Array:
-    """`value` placed with `sharding`; as it is for a serial model (`sharding` None)."""
-    return place(value, sharding) if sharding else value
+class DistributedFNO(FNO):
+    """An `FNO` whose operators run distributed (made by `FNO.distribute`)."""
+
+    def __init__(self, grid, *, partition, mesh: Mesh | None = None, cost: CostModel | None = None, **kwargs):
+        super().__init__(grid, **kwargs)
+        if isinstance(partition, PartitionSpec):
+            split = math.prod(mesh.shape[n] for n in _names(partition[0])) if mesh is not None and len(partition) else 1
+        else:
+            split = partition[0] if isinstance(partition, (tuple, list)) and partition else 1
+        first = FNO._build(self, split if isinstance(split, int) and split > 0 else 1)[0]  # on (batch, channel, *grid)
+        self.setup = placement(first, partition, None, mesh, False, cost, "FNO.distribute")
+        self.partition = partition
+        self._sample_batch = math.prod(self.setup.mesh.shape[n] for n in self.setup.in_layout[0])
+        self._pinned: dict = {}  # where the weights live: fixed by the first batch size planned
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.setup.mesh
+
+    @property
+    def in_sharding(self) -> NamedSharding:
+        """Where the model wants its input `a` (and the targets, for the loss)."""
+        return NamedSharding(self.mesh, spec_of(self.setup.in_layout))
+
+    def _build(self, b: int) -> list[DistributedOperator]:
+        split = self._sample_batch
+        if b % split:
+            raise ValueError(f"FNO.distribute: a batch of {b} samples cannot be split in {split} (the partition's "
+                             f"batch entry): use a multiple of {split}")
+        return list(distribute_chain(super()._build(b), spec_of(self.setup.in_layout), mesh=self.mesh,
+                                     shard_weights=False, cost=self.setup.cost, pinned=self._pinned))
+
+    def param_shardings(self, batch: int | None = None) -> dict[str, NamedSharding]:
+        """Where each parameter lives (for inputs of `batch` samples: by default the last
+        batch size used, else one sample per device along the batch split)."""
+        ops = self.operators(batch or next(reversed(self._operators), self._sample_batch))
+        shardings: dict[str, NamedSharding] = {}
+        for op in ops:
+            shardings.update(op.param_shardings())
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return {**{f"{n}.bias": replicated for n in self.parameters if not n.startswith("spectral")}, **shardings}
+
+    @property
+    def distributed(self) -> bool:
+        return True

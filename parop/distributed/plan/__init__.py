@@ -9,7 +9,9 @@ term running and the layout its terms start from and must end in. The moves
 (`search.py`, `actions.py`):
 
 - run a step whose axes are as it needs them (a `LOCAL` axis whole; a `POINTWISE`
-  one may stay split); a `Reduce` over a split axis sums locally and `psum`s; a dense
+  one may stay split; a stencil's `HALO` axis may stay split where each device's block
+  holds at least the halo: a halo exchange, a `ppermute` each way, brings the
+  neighbours' planes); a `Reduce` over a split axis sums locally and `psum`s; a dense
   `Matrix` may also run tensor-parallel: column-parallel (its rows split over a free
   mesh axis) or row-parallel (its columns split as its input, then `psum` or
   `psum_scatter`);
@@ -181,6 +183,16 @@ class Plan:
             counts[c.kind] += 1
         return counts
 
+    def weight_specs(self) -> dict[str, tuple[tuple[str, ...], ...]]:
+        """`{name: the mesh axes splitting each of its axes}` where each weight is first used."""
+        specs: dict = {}
+        for visit in _walk(self.visits):
+            if isinstance(visit.action, Local):
+                spec = visit.action.weight_spec(visit.before)
+                if spec is not None:
+                    specs.setdefault(visit.action.step.leaf.name, spec)
+        return specs
+
     @property
     def cost(self) -> tuple[float, float, int]:
         """What the planner minimised: (time in bytes, bytes sent, collectives)."""
@@ -285,6 +297,9 @@ def _action_lines(visits, indent: str) -> list[str]:
                 c = step.scalar
                 what = f"scale by {'conj(c)' if isinstance(c, Slot) and c.conj else scalar(c)}"
             where = f" on axis {step.axes[0]}" if len(step.axes) == 1 else f" on axes {step.axes}" if step.axes else ""
+            if action.halo:
+                where += ", halo exchange on axis " + ", ".join(
+                    f"{a} over {'+'.join(before.layout[a])}" for a in action.halo)
             if action.weight_split is not None:
                 form = "row" if action.psum else "column"
                 axes = "+".join(n for part in action.weight_split for n in part)
@@ -340,7 +355,7 @@ def _transpose(actions: tuple[Action, ...], states: list[State]) -> tuple[Action
                 out.append(Local(step))
                 out.append(Split(action.psum, a, -before.sizes[a] % before.group(action.psum)))
             elif ws is None:
-                out.append(Local(step))
+                out.append(Local(step, halo=action.halo))
             elif action.gather:
                 out.append(Local(step, psum=action.gather, scatter=True, weight_split=ws))
             elif action.scatter:
@@ -356,27 +371,47 @@ def _transpose(actions: tuple[Action, ...], states: list[State]) -> tuple[Action
 # -- making a plan -----------------------------------------------------------------------
 
 def make_plan(op: Operator, shape, in_layout: Layout, mesh_shape: Mapping[str, int], goal: Goal,
-              cost: CostModel, where: str, shard_weights: bool | str = "auto") -> Plan:
+              cost: CostModel, where: str, shard_weights: bool | str = "auto", pinned: Mapping | None = None) -> Plan:
     """The cheapest plan for `op` on a tensor of `shape` (domain + batch) laid out as
-    `in_layout`, ending in a layout `goal` accepts; a `ValueError` if there is none."""
+    `in_layout`, ending in a layout `goal` accepts, with the weights named in `pinned`
+    split as it says; a `ValueError` if there is none."""
     shape = tuple(shape)
     prog = program(op, shape)
-    search = Search(mesh_shape, cost, shard_weights)
+    actions, expanded = route(prog, in_layout, mesh_shape, goal, cost, where, shard_weights, pinned)
+    out_shape = tuple(op.range_shape) + shape[op.ndim:]
+    return Plan(op, dict(mesh_shape), shape, out_shape, in_layout, actions, prog.dtype, cost, expanded)
+
+
+def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal: Goal, cost: CostModel,
+          where: str, shard_weights: bool | str = "auto", pinned: Mapping | None = None
+          ) -> tuple[tuple[Action, ...], int]:
+    """The cheapest actions for `prog` from `in_layout` to a layout `goal` accepts (with the
+    weights in `pinned` split as it says), and the states the search expanded; a
+    `ValueError` that says why where there are none."""
+    search = Search(mesh_shape, cost, shard_weights, pinned=pinned)
     try:
         _, actions = search.run(prog, in_layout, goal)
     except PlanningError as e:
-        needs = sorted({f"axis {a}" for s in _all_steps(prog) for a, r in zip(s.axes, s.roles)
-                        if r is Role.LOCAL})
         reason = str(e)
+        if reason != "no plan exists":
+            raise ValueError(f"{where}: {reason}") from None
+        split = [(a, n, math.prod(mesh_shape[m] for m in axes))
+                 for a, (n, axes) in enumerate(zip(prog.shape, in_layout)) if axes]
+        needs = sorted({f"axis {a}" for s in _all_steps(prog) for a, r in zip(s.axes, s.roles) if r is Role.LOCAL})
+        halos = sorted({f"axis {a} of size {n} split in {p} gives blocks of {n // p}, fewer than the halo "
+                        f"{leaf.halo[a - s.axes[0] - leaf.grid_offset]} of {leaf!r}"
+                        for s in _all_steps(prog) for a, r in zip(s.axes, s.roles) if r is Role.HALO
+                        for leaf in [s.leaf.leaf] for b, n, p in split if b == a
+                        and n // p < leaf.halo[a - s.axes[0] - leaf.grid_offset]})
         raise ValueError(
-            f"{where}: {reason} for input shape {shape} split as {spec_of(in_layout)} on mesh "
+            f"{where}: no plan exists for input shape {prog.shape} split as {spec_of(in_layout)} on mesh "
             f"{dict(mesh_shape)}"
-            + (f": {', '.join(needs)} must be whole for an operator, so its split must move to "
-               "another axis that can hold it" if needs and reason == "no plan exists" else "")
-            + (" (and the wanted output layout must be reachable without gathering)" if reason == "no plan exists" else "")
+            + (f": {', '.join(needs)} must be whole for an operator, so its split must move to another "
+               "axis that can hold it" if needs else "")
+            + (f"; {'; '.join(halos)}" if halos else "")
+            + " (and the wanted output layout must be reachable without gathering)"
         ) from None
-    out_shape = tuple(op.range_shape) + shape[op.ndim:]
-    return Plan(op, dict(mesh_shape), shape, out_shape, in_layout, actions, prog.dtype, cost, search.expanded)
+    return actions, search.expanded
 
 
 def _all_steps(prog: Program):

@@ -86,13 +86,21 @@ class Local:
     `Reduce` over a split axis, or a row-parallel `Matrix`), as a `psum_scatter` if
     `scatter`. `gather`: mesh axes to `all_gather` its (split) input axis over first.
     `weight_split`: the mesh axes splitting each weight axis of a sharded `Matrix`
-    (None: the weight is split as the tensor axes it runs along)."""
+    (None: the weight is split as the tensor axes it runs along). `halo`: the split
+    tensor axes of a stencil whose neighbouring planes come from the neighbouring
+    devices first (a halo exchange: a `ppermute` each way)."""
 
     step: Step
     psum: tuple[str, ...] = ()
     scatter: bool = False
     gather: tuple[str, ...] = ()
     weight_split: tuple[tuple[str, ...], ...] | None = None
+    halo: tuple[int, ...] = ()
+
+    def halo_width(self, a: int) -> int:
+        """The planes a halo exchange brings from each neighbour along tensor axis `a`."""
+        leaf = self.step.leaf.leaf
+        return leaf.halo[a - self.step.axes[0] - leaf.grid_offset]
 
     def after(self, state: State) -> Layout:
         a = self.step.axes[0] if self.step.axes else None
@@ -138,6 +146,11 @@ class Local:
                 bwd.append(Collective(ALL_GATHER, self.psum, sent(ALL_GATHER, partial / g, g)))
             else:
                 fwd.append(Collective(PSUM, self.psum, sent(PSUM, partial, g)))
+        for a in self.halo:  # each way: the neighbour's planes forward, their gradient back
+            planes = state.local_bytes / state.blocks[a] * self.halo_width(a)
+            both = (Collective(PPERMUTE, state.layout[a], planes),) * 2
+            fwd += both
+            bwd += both
         if self.weight_split is not None and not self.psum and not self.gather and step.axes:
             # column-parallel: the replicated input's gradient is summed over the new split
             out_ax, _ = step.leaf.dense_axes

@@ -66,6 +66,7 @@ class Step:
     scalar: Scalar | None = None
     conj: bool = False
     terms: tuple["Program", ...] = ()
+    barrier: bool = False  # between two operators of a chain (a pointwise function runs there)
 
     @property
     def roles(self) -> tuple[Role, ...]:
@@ -102,12 +103,36 @@ class Program:
     def full(self) -> int:
         return (1 << len(self.steps)) - 1
 
+    def segment(self, i: int, shape: tuple[int, ...]) -> "Program":
+        """The steps of a chain's `i`-th operator (between its barriers) as a program of
+        their own, on a tensor of `shape`."""
+        starts = [0] + [j + 1 for j, s in enumerate(self.steps) if s.barrier]
+        ends = [j for j, s in enumerate(self.steps) if s.barrier] + [len(self.steps)]
+        first, stop = starts[i], ends[i]
+        mask = (1 << (stop - first)) - 1
+        preds = tuple((p >> first) & mask for p in self.preds[first:stop])
+        return Program(self.steps[first:stop], preds, tuple(shape), self.dtype)
+
 
 def program(op: Operator, shape: tuple[int, ...], dtype=None) -> Program:
     """`op` (acting on the leading axes of a tensor of `shape`) as a `Program`."""
-    dtype = _dtypes.canonical(op.dtype if dtype is None else dtype)
-    slots = {id(leaf): i for i, leaf in enumerate(jax.tree.leaves(op))}
-    return _Builder(slots).program(op, tuple(shape), dtype, 0)
+    return chain([op], shape, dtype)
+
+
+def chain(ops, shape: tuple[int, ...], dtype=None) -> Program:
+    """The operators `ops` applied one after the other (each on the leading axes of a
+    tensor of `shape` at first) as one `Program`, with a barrier step between two of
+    them: every step of one comes before every step of the next (a pointwise function,
+    a bias or an activation, runs there). A traced scalar's `Slot` counts the leaves of
+    its own operator."""
+    first = dtype = _dtypes.canonical(ops[0].dtype if dtype is None else dtype)
+    sizes, steps = list(shape), []
+    for k, op in enumerate(ops):
+        if k:
+            steps.append(Step(tuple(range(len(sizes))), tuple(sizes), tuple(sizes), FREE, dtype, dtype, barrier=True))
+        builder = _Builder({id(leaf): i for i, leaf in enumerate(jax.tree.leaves(op))}, sizes)
+        dtype = builder.steps(op, 0, dtype, steps)
+    return _order(steps, tuple(shape), first)
 
 
 def _flow(flow: Flow) -> str:
@@ -124,16 +149,16 @@ def _ordered(a: Step, b: Step) -> bool:
     return FREE not in flows and bool(flows & {BARRIER, CONJ})
 
 
-class _Builder:
-    def __init__(self, slots: dict[int, int]):
-        self.slots = slots
+def _order(steps: list[Step], shape: tuple[int, ...], dtype: np.dtype) -> Program:
+    preds = tuple(sum(1 << i for i, a in enumerate(steps[:j]) if _ordered(a, b)) for j, b in enumerate(steps))
+    return Program(tuple(steps), preds, shape, dtype)
 
-    def program(self, op: Operator, shape: tuple[int, ...], dtype: np.dtype, axis: int) -> Program:
-        self.sizes = list(shape)
-        steps: list[Step] = []
-        self.steps(op, axis, dtype, steps)
-        preds = tuple(sum(1 << i for i, a in enumerate(steps[:j]) if _ordered(a, b)) for j, b in enumerate(steps))
-        return Program(tuple(steps), preds, shape, dtype)
+
+class _Builder:
+    """Collects an operator's steps; `sizes` are the tensor's sizes as they go."""
+
+    def __init__(self, slots: dict[int, int], sizes: list[int]):
+        self.slots, self.sizes = slots, sizes
 
     def step(self, steps: list, axes, out_sizes, flow, dtype, out, **kind) -> np.dtype:
         in_sizes = tuple(self.sizes[a] for a in axes)
@@ -180,8 +205,9 @@ class _Builder:
             sizes = tuple(self.sizes)
             terms = []
             for t in op.terms:
-                terms.append(_Builder(self.slots).program(t, sizes, dtype, axis))
-            self.sizes = list(sizes)
+                term: list[Step] = []
+                _Builder(self.slots, list(sizes)).steps(t, axis, dtype, term)
+                terms.append(_order(term, sizes, dtype))
             flows = {s.flow for t in terms for s in t.steps}
             flow = next((f for f in (BARRIER, CONJ, COMPLEX) if f in flows), FREE)
             axes = range(axis, axis + op.ndim)

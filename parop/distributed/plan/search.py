@@ -21,7 +21,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from ...operators import Role
 from ..layout import Layout
@@ -61,7 +61,8 @@ class Context:
     """A program run on a tensor of `shape` and `itemsize`: its sizes and itemsize
     after any set of done steps, and what the lower bound needs (memoised)."""
 
-    def __init__(self, prog: Program, shape: tuple[int, ...], itemsize: int, tensor_parallel: bool):
+    def __init__(self, prog: Program, shape: tuple[int, ...], itemsize: int, tensor_parallel: bool,
+                 split_counts: frozenset = frozenset()):
         self.prog, self.shape, self.itemsize0 = prog, shape, itemsize
         self.steps, self.preds, self.full = prog.steps, prog.preds, prog.full
         ndim = len(shape)
@@ -74,7 +75,9 @@ class Context:
             for inner, a, role in _axis_roles(step):
                 if role is Role.LOCAL:
                     self.needs[a] |= 1 << j
-                if role is Role.REDUCE or (role is Role.LOCAL and inner.dense and tensor_parallel):
+                # a row-parallel Matrix needs its input axis split evenly
+                row = inner.dense and tensor_parallel and any(inner.in_sizes[0] % q == 0 for q in split_counts)
+                if role is Role.REDUCE or (role is Role.LOCAL and row):
                     self.psums[a] |= 1 << j
                 if role is Role.REDUCE:
                     self.reduces |= 1 << j
@@ -95,6 +98,17 @@ class Context:
             self.ancestors.append(mask)
         self.descendants = [sum(1 << k for k in range(len(self.steps)) if self.ancestors[k] >> j & 1)
                             for j in range(len(self.steps))]
+        # a chain's operators: the steps up to each barrier (the last one: up to the end)
+        self.segments, mask = [], 0
+        for j, step in enumerate(self.steps):
+            mask |= 1 << j
+            if step.barrier:
+                self.segments.append(mask)
+                mask = 0
+        self.segments.append(mask)
+        self.psum_steps = 0  # the steps that can sum a split away (main line)
+        for a in range(ndim):
+            self.psum_steps |= self.psums[a]
         self._sizes: dict[int, tuple[int, ...]] = {}
         self._itemsize: dict[int, int] = {}
         self._ready: dict[int, tuple[int, ...]] = {}
@@ -207,6 +221,14 @@ class Context:
         """Step `j`'s bit, or none for a sum (a move can happen within its terms)."""
         return 0 if self.steps[j].terms else 1 << j
 
+    def segment(self, done: int) -> int:
+        """The index of the chain's operator that runs now (its first with a pending step)."""
+        return next(i for i, seg in enumerate(self.segments) if seg & ~done or i == len(self.segments) - 1)
+
+    def before(self, i: int) -> int:
+        """The steps of the chain's operators before operator `i`."""
+        return sum(self.segments[:i])
+
     def ready(self, done: int) -> tuple[int, ...]:
         if done not in self._ready:
             self._ready[done] = tuple(j for j in range(len(self.steps))
@@ -263,7 +285,8 @@ class Search:
     """Routes through programs on one mesh, for one cost model."""
 
     def __init__(self, mesh_shape, cost: CostModel, shard_weights: bool | str = "auto",
-                 exhaustive: bool = False, max_states: int = MAX_STATES):
+                 exhaustive: bool = False, max_states: int = MAX_STATES, pinned: Mapping | None = None):
+        self.pinned = dict(pinned or {})  # weight name -> the mesh axes splitting each of its axes
         self.mesh = tuple(mesh_shape.items())
         self.mesh_sizes = dict(mesh_shape)
         self.devices = math.prod(self.mesh_sizes.values())
@@ -277,6 +300,7 @@ class Search:
         self._nodes: dict = {}
         self._lines: dict = {}
         self._frame_bounds: dict = {}
+        self._entry_bounds: dict = {}
         self._exit_goals: dict = {}
 
     # -- tables ------------------------------------------------------------------------------
@@ -289,7 +313,7 @@ class Search:
     def context(self, prog: Program, shape, itemsize: int) -> Context:
         key = (id(prog), shape, itemsize)
         if key not in self._contexts:
-            self._contexts[key] = Context(prog, shape, itemsize, bool(self.shard_weights))
+            self._contexts[key] = Context(prog, shape, itemsize, bool(self.shard_weights), frozenset(self.split_counts))
         return self._contexts[key]
 
     def node(self, ctx: Context, done: int, lay: Interned) -> Node:
@@ -312,23 +336,29 @@ class Search:
         return (nbytes + self.cost.latency_bytes * len(paid), nbytes, len(paid), held)
 
     # -- the search ----------------------------------------------------------------------
-    def run(self, prog: Program, entry: Layout, goal: Goal):
-        """`(cost, actions)` of the cheapest route, or a `PlanningError`."""
+    def run(self, prog: Program, entry: Layout, goal: Goal, itemsize: int | None = None):
+        """`(cost, actions)` of the cheapest route from `entry` (or from the cheapest of a
+        list of entry layouts), or a `PlanningError`."""
         collecting = gc.isenabled()
         gc.disable()  # the search allocates millions of small tuples and frees none of them
         try:
-            return self._run(prog, entry, goal)
+            entries = entry if isinstance(entry, list) else [entry]
+            root = self.context(prog, prog.shape, prog.dtype.itemsize if itemsize is None else itemsize)
+            return self._run(root, entries, goal)
         finally:
             if collecting:
                 gc.enable()
 
-    def _run(self, prog: Program, entry: Layout, goal: Goal):
-        root = self.context(prog, prog.shape, prog.dtype.itemsize)
-        start, forced = self.settle((None, root, 0, self.intern(entry)))
-        best = {start: ZERO}
-        back = {start: (None, forced)}
+    def _run(self, root: Context, entries: list, goal: Goal):
+        best, back, heap = {}, {}, []
         tie = itertools.count()
-        heap = [((self.bound(start, goal),) + ZERO[1:], next(tie), ZERO, start)]
+        for entry in entries:
+            start, forced = self.settle((None, root, 0, self.intern(entry)))
+            if start not in best:
+                best[start] = ZERO
+                back[start] = (None, forced)
+                heap.append(((self.bound(start, goal),) + ZERO[1:], next(tie), ZERO, start))
+        heapq.heapify(heap)
         accepted: dict = {}
         while heap:
             _, _, cost, state = heapq.heappop(heap)
@@ -405,11 +435,14 @@ class Search:
 
     @staticmethod
     def runs_as_is(step, here: State) -> bool:
-        """Whether `step` runs on each device's block without any collective."""
+        """Whether `step` runs on each device's block without any collective (a chain's
+        barrier: where the layout is not padded, as one operator hands over to the next)."""
+        if step.barrier and here.any_padded:
+            return False
         for a, role in zip(step.axes, step.roles):
             if role is Role.LOCAL and here.layout[a]:
                 return False
-            if role is Role.REDUCE and here.layout[a]:
+            if role in (Role.REDUCE, Role.HALO) and here.layout[a]:
                 return False
             if role not in (Role.POINTWISE, Role.REDUCE) and here.padded(a):
                 return False
@@ -465,8 +498,18 @@ class Search:
         node.moves, node.sums = moves, tuple(sums)
 
     def forms(self, step, here: State) -> Iterator[Local]:
-        """The ways `step` can run from `here`."""
+        """The ways `step` can run from `here` (with its weight where it is pinned)."""
+        pinned = self.pinned.get(step.leaf.name) if step.weighted else None
+        for action in self._forms(step, here):
+            if pinned is None or action.weight_spec(here) == pinned:
+                yield action
+
+    def _forms(self, step, here: State) -> Iterator[Local]:
         layout = here.layout
+        if step.barrier:
+            if not here.any_padded:
+                yield Local(step)
+            return
         if step.dense:
             a = step.axes[0]
             if here.padded(a):
@@ -492,7 +535,7 @@ class Search:
             if m % here.split(a) == 0:
                 yield Local(step, psum=layout[a], scatter=True, weight_split=split)
             return
-        psum = ()
+        psum, halo = (), ()
         for a, role in zip(step.axes, step.roles):
             if role is Role.LOCAL and layout[a]:
                 return
@@ -500,7 +543,11 @@ class Search:
                 return
             if role is Role.REDUCE:
                 psum += layout[a]
-        yield Local(step, psum=psum)
+            if role is Role.HALO and layout[a]:
+                halo += (a,)
+        action = Local(step, psum=psum, halo=halo)
+        if all(action.halo_width(a) <= here.blocks[a] for a in halo):  # the neighbours hold the planes
+            yield action
 
     def all_to_alls(self, here: State) -> Iterator[AllToAll]:
         layout = here.layout
@@ -540,28 +587,75 @@ class Search:
 
     def bound(self, state, goal: Goal) -> float:
         """A lower bound on the cost from `state` to the end (0 for the oracle). See
-        `line`; a sum's later terms add their own, from the sum's entry layout; inside a
-        term, the rest of the program around the sum adds its own from the exit layout
-        once that is known."""
+        `chain_line`; a sum's later terms add their own, from the sum's entry layout;
+        inside a term, the rest of the program around the sum adds its own from the exit
+        layout once that is known."""
         if self.exhaustive:
             return 0.0
         fr, ctx, done, lay = state
         if fr is None:
-            return self.line(ctx, done, lay, goal)
+            return self.chain_line(ctx, done, lay, goal)
         parent, after, j, k, entry, exit_ = fr.value[-1]
-        outer = goal if len(fr.value) == 1 else None
+        top = len(fr.value) == 1
         ends = self.exit_goal(exit_)
-        total = self.line(ctx, done, lay, outer if k == 0 else ends)  # term 0's exit is the program's
         rest = self._frame_bounds.get(fr)
         if rest is None:
             rest = sum(self.line(self.term(fr.value[-1], t), 0, entry, ends)
                        for t in range(k + 1, len(parent.steps[j].terms)))
-            if k > 0 and outer is not None:
-                rest += self.line(parent, after, exit_, outer)
+            if top and k > 0:  # the program goes on from the known exit
+                rest += self.chain_line(parent, after, exit_, goal)
+            elif top:  # term 0's exit is where the program goes on: the chain's later operators
+                rest += self.later(parent, after, lay, goal)
             self._frame_bounds[fr] = rest
-        return total + rest
+        if k > 0:
+            return self.line(ctx, done, lay, ends) + rest
+        last = top and parent.segment(after) == len(parent.segments) - 1
+        return self.line(ctx, done, lay, goal if last else None) + rest
 
-    def line(self, ctx: Context, done: int, lay: Interned, goal: Goal | None) -> float:
+    def chain_line(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
+        """`line` for the operator of a chain that runs now (with the goal if it is the
+        last), plus `later`."""
+        i = ctx.segment(done)
+        last = i == len(ctx.segments) - 1
+        return self.line(ctx, done, lay, goal if last else None, ctx.segments[i]) + self.later(ctx, done, lay, goal)
+
+    def later(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
+        """A lower bound on the chain's operators after the one that runs now: each costs
+        at least what it costs from the best entry layout with the mesh axes used now
+        (`entry_bound`), where no mesh axis can come or go before it (every mesh axis is
+        in use, and no step before it can sum one away)."""
+        i = ctx.segment(done)
+        if i == len(ctx.segments) - 1:
+            return 0.0
+        used = frozenset(n for axes in lay.value for n in axes)
+        if any(size > 1 and name not in used for name, size in self.mesh):
+            return 0.0
+        total = 0.0
+        for j in range(i + 1, len(ctx.segments)):
+            if ctx.psum_steps & ctx.before(j) & ~done:
+                break
+            total += self.entry_bound(ctx, j, used, goal if j == len(ctx.segments) - 1 else Goal.any())
+        return total
+
+    def entry_bound(self, ctx: Context, j: int, used: frozenset, goal: Goal) -> float:
+        """The least cost of the chain's operator `j` alone, from any unpadded layout that
+        splits its input over exactly the mesh axes `used`, to a layout `goal` accepts
+        (memoised; a search of its own, with every such layout an entry)."""
+        key = (ctx, j, used, goal)
+        if key not in self._entry_bounds:
+            before = ctx.before(j)
+            prog = ctx.prog.segment(j, ctx.sizes(before))
+            entries = layouts(ctx.sizes(before), [(n, s) for n, s in self.mesh if n in used])
+            search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
+                            pinned=self.pinned)
+            try:
+                bound, _ = search.run(prog, entries, goal, ctx.itemsize(before))
+                self._entry_bounds[key] = bound[0]
+            except PlanningError:
+                self._entry_bounds[key] = math.inf
+        return self._entry_bounds[key]
+
+    def line(self, ctx: Context, done: int, lay: Interned, goal: Goal | None, scope: int = -1) -> float:
         """A lower bound on the collectives still to come on one line of data (a program,
         or a term of a sum), from layout `lay` with `done` steps done.
 
@@ -585,14 +679,16 @@ class Search:
         the departure of its axis counted above. *A pointwise weight* (split with the
         axes it runs along) has its gradient all-reduced unless every split mesh axis sits
         on those axes when it runs: a mesh axis parked elsewhere, where no departure moves
-        it, costs that all-reduce or a move of its own; one latency more."""
-        key = (ctx, done, lay, goal)
+        it, costs that all-reduce or a move of its own; one latency more.
+
+        `scope` (a mask of steps) limits it to the operator of a chain that runs now."""
+        key = (ctx, done, lay, goal, scope)
         cached = self._lines.get(key)
         if cached is not None:
             return cached
         layout = lay.value
         sizes = ctx.sizes(done)
-        pending = ~done
+        pending = ~done & scope
         mesh = self.mesh_sizes
         departures = set()
         for a, axes in enumerate(layout):
@@ -626,7 +722,7 @@ class Search:
                 smallest = min(mesh[n] for a in moving for n in layout[a])
                 carried = (smallest - 1) / smallest / self.devices
                 needy = tuple(a for a in moving if ctx.needs[a] & pending)
-                sizes = ctx.departure_bytes(done, needy) if needy else []
+                sizes = ctx.departure_bytes(done | ~scope, needy) if needy else []
                 least = ctx.least_bytes(done)
                 sizes = sizes + [least] * (len(moving) - len(needy))
                 total += sum(ways * (latency + size * carried) for size in sizes)
@@ -644,13 +740,34 @@ class Search:
                 smallest = min(mesh[n] for b in moved for n in goal.prefixes[b])
                 carried = (smallest - 1) / smallest / self.devices
                 needy = tuple(b for b in moved if ctx.needs[b] & pending)
-                sizes = ctx.arrival_bytes(done, needy) if needy else []
+                sizes = ctx.arrival_bytes(done | ~scope, needy) if needy else []
                 sizes = sizes + [ctx.least_bytes(done)] * (len(moved) - len(needy))
                 for size in sizes:
                     cost = ways * (latency + size * carried)
                     total += min(cost, latency + split) if psums else cost
         self._lines[key] = total
         return total
+
+
+def layouts(sizes: tuple[int, ...], mesh: list[tuple[str, int]]) -> list[Layout]:
+    """Every layout of a tensor of `sizes` that splits it evenly over exactly the mesh axes
+    `mesh` (`(name, size)`), in every order."""
+    found = []
+
+    def place(layout: list, rest: list) -> None:
+        if not rest:
+            found.append(tuple(layout))
+            return
+        for k, (name, size) in enumerate(rest):
+            for a, n in enumerate(sizes):
+                split = math.prod(dict(mesh)[m] for m in layout[a]) * size
+                if n % split == 0:
+                    layout[a] = layout[a] + (name,)
+                    place(layout, rest[:k] + rest[k + 1:])
+                    layout[a] = layout[a][:-1]
+
+    place([() for _ in sizes], list(mesh))
+    return list(dict.fromkeys(found))
 
 
 def _matching(edges: dict) -> dict:
