@@ -1,8 +1,9 @@
 """Distribution: layouts, the planner, the lowering to `shard_map`, and the operator
 users hold."""
 
+from .calibrate import calibrate
 from .chain import distribute_chain
 from .operator import DistributedOperator, distribute
 from .plan import CostModel, Plan
 
-__all__ = ["CostModel", "DistributedOperator", "Plan", "distribute", "distribute_chain"]
+__all__ = ["calibrate", "CostModel", "DistributedOperator", "Plan", "distribute", "distribute_chain"]

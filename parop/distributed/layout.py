@@ -13,7 +13,7 @@ from typing import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 Layout = tuple[tuple[str, ...], ...]
 
@@ -45,14 +45,15 @@ def layout_of(spec: PartitionSpec, ndim: int, mesh: Mesh, where: str) -> Layout:
     return layout
 
 
-def check_mesh(mesh: Mesh | None, where: str) -> None:
-    """A `TypeError` if `mesh` is neither `None` nor a `jax.sharding.Mesh`; a
-    `ValueError` naming the axes if it has `Manual` axes, or mixes `Explicit` and `Auto`
-    ones: parop's program pins its layouts with `with_sharding_constraint` (all-Auto
-    meshes) or `reshard` (all-Explicit meshes), and runs as a `shard_map` over the mesh."""
+def check_mesh(mesh: Mesh | AbstractMesh | None, where: str) -> None:
+    """A `TypeError` if `mesh` is neither `None` nor a `jax.sharding.Mesh` (or an
+    `AbstractMesh`: a mesh shape to plan on, without devices); a `ValueError` naming
+    the axes if it has `Manual` axes, or mixes `Explicit` and `Auto` ones: parop's
+    program pins its layouts with `with_sharding_constraint` (all-Auto meshes) or
+    `reshard` (all-Explicit meshes), and runs as a `shard_map` over the mesh."""
     if mesh is None:
         return
-    if not isinstance(mesh, Mesh):
+    if not isinstance(mesh, (Mesh, AbstractMesh)):
         raise TypeError(f"{where}: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__} {mesh!r}")
     kinds = {t: [n for n, u in zip(mesh.axis_names, mesh.axis_types) if u == t] for t in AxisType}
     if kinds[AxisType.Manual]:

@@ -10,7 +10,7 @@ from typing import Literal, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from ..operator import Operator, Params, _as_input_dtype, _as_tensor
 from ..operators import Role
@@ -74,11 +74,11 @@ class Setup:
     pinned: dict = field(default_factory=dict)  # weight name -> its split, fixed by the first plan
 
     def keep(self, key, plan: Plan) -> None:
-        """Keep `plan` (and its program) for input shape `key`, and pin the weights it
-        places first: every later plan keeps them there."""
+        """Keep `plan` for input shape `key` (its program is lowered when first run), and
+        pin the weights it places first: every later plan keeps them there."""
         for name, spec in plan.weight_specs().items():
             self.pinned.setdefault(name, spec)
-        self.plans[key] = (plan, lower(plan, self.mesh))
+        self.plans[key] = [plan, None]
         while len(self.plans) > PLANS_KEPT:
             self.plans.popitem(last=False)
 
@@ -163,21 +163,28 @@ class DistributedOperator(Operator):
 
     def plan_for(self, batch_shape: tuple[int, ...] = ()) -> Plan:
         """The plan for inputs with these trailing batch axes (planned once, kept)."""
-        return self._compiled(tuple(batch_shape))[0]
+        return self._compiled(tuple(batch_shape), program=False)[0]
 
-    def _compiled(self, batch_shape: tuple[int, ...]):
-        """`(plan, (program, weight specs))` for inputs with `batch_shape`."""
+    def _compiled(self, batch_shape: tuple[int, ...], program: bool = True):
+        """`(plan, (program, weight specs))` for inputs with `batch_shape` (the program
+        lowered on first use, if `program`)."""
         plans = self.setup.plans
         key = (batch_shape, self.adjoint)
         if key not in plans:
             plan = self._forward_plan(batch_shape)
             self.setup.keep(key, plan.transpose(self.op.H) if self.adjoint else plan)
         plans.move_to_end(key)
-        return plans[key]
+        kept = plans[key]
+        if program and kept[1] is None:
+            if isinstance(self.mesh, AbstractMesh):
+                raise ValueError(f"{self.setup.where}: planned on an AbstractMesh (a mesh shape): "
+                                 "distribute it on a jax.sharding.Mesh of devices to run it")
+            kept[1] = lower(kept[0], self.mesh)
+        return tuple(kept)
 
     def _forward_plan(self, batch_shape) -> Plan:
         if self.adjoint:
-            return DistributedOperator(self.op, self.setup)._compiled(batch_shape)[0]
+            return DistributedOperator(self.op, self.setup)._compiled(batch_shape, program=False)[0]
         setup = self.setup
         named = len(setup.in_layout) - self.op.ndim
         if len(batch_shape) < named:
@@ -220,9 +227,9 @@ class DistributedOperator(Operator):
         """Where `po.init(D, key)` puts each weight: split as the axes it runs along
         (where it is first used), replicated where its operator needs it whole
         (or where its split is uneven: see `stored_spec`)."""
-        _, (_, specs) = self._compiled(self._default_batch())
         out: dict[str, NamedSharding] = {}
-        for name, spec in specs:
+        for name, layout in self.plan.weight_specs().items():
+            spec = spec_of(layout)
             shape = self.parameters[name].param_shape
             out.setdefault(name, NamedSharding(self.mesh, stored_spec(spec, shape, self.mesh)))
         for name in self.parameters:
@@ -375,9 +382,25 @@ def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh |
     out: object = out_partition
     if isinstance(out_partition, PartitionSpec):
         out = ("layout", layout_of(out_partition, len(in_layout), mesh, where))
+        lost = {n for axes in in_layout for n in axes} - {n for axes in out[1] for n in axes}
+        if lost and not _sums(op):
+            raise ValueError(
+                f"{where}: out_partition {out_partition} leaves out mesh axes {sorted(lost)} that the input "
+                f"{spec_of(in_layout)} splits over: parop moves a split from one tensor axis to another (or "
+                "sums it away in a Reduce); it never gathers a split onto every device")
     elif counts is not None:
         out = ("counts", _check_counts(counts, in_layout, mesh, op, where))
     return Setup(mesh, in_layout, out, cost, shard_weights, where)
+
+
+def _sums(op: Operator) -> bool:
+    """Whether `op` has a `Reduce` (or a tensor-parallel `Matrix`) that can sum a split away."""
+    def steps(prog):
+        for step in prog.steps:
+            yield step
+            for term in step.terms:
+                yield from steps(term)
+    return any(r is Role.REDUCE or s.dense for s in steps(program(op, op.domain_shape)) for r in s.roles)
 
 
 def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, op: Operator, where: str):
@@ -386,8 +409,7 @@ def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, op: Op
     if len(counts) != len(in_layout):
         raise ValueError(f"{where}: out_partition has {len(counts)} entries, the output has {len(in_layout)} axes")
     sizes = [mesh.shape[n] for axes in in_layout for n in axes]
-    reduces = any(r is Role.REDUCE for s in program(op, op.domain_shape).steps for r in s.roles)
-    if math.prod(counts) > math.prod(sizes) or (math.prod(counts) < math.prod(sizes) and not reduces):
+    if math.prod(counts) > math.prod(sizes) or (math.prod(counts) < math.prod(sizes) and not _sums(op)):
         raise ValueError(
             f"{where}: out_partition {counts} splits over {math.prod(counts)} devices, the input over "
             f"{math.prod(sizes)} (mesh axes of sizes {sizes}): it adds or replicates mesh axes that the input "

@@ -473,7 +473,7 @@ class Search:
         for j in node.sums:
             frame = (ctx, done | 1 << j, j, 0, lay, None)
             yield (Enter(ctx.steps[j]),), (self.intern(frames + (frame,)), self.term(frame, 0), 0, lay), ZERO
-        if frames and done == ctx.full and not node.here.any_padded and (frames[-1][3] == 0 or lay is frames[-1][5]):
+        if frames and done == ctx.full and (frames[-1][3] == 0 or lay is frames[-1][5]):
             marker, nxt = self.hand_over(state)
             yield (marker,), nxt, ZERO
         last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
