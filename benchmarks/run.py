@@ -30,7 +30,13 @@ e. planning + compile + first call of a 3-D DFT plan (in a fresh process), and t
 f. collectives and bytes per call read from the compiled HLO of each parop program,
    next to `D.plan.bytes`;
 g. a large `Matrix` with its input split: apply + gradient with the weight replicated
-   vs sharded (row-parallel), bytes and time side by side.
+   vs sharded (row-parallel), bytes and time side by side;
+h. planning time: FNO layers in 3-D and 4-D on meshes of 8 and 16 devices (planned from
+   their shape), and whole FNO networks (`benchmarks/planning.py`);
+i. per-device memory of one compiled training step of a 3-D FNO at P = 1, 2, 4, 8
+   (`benchmarks/memory.py`);
+j. a 3-D convolution with halo exchanges: parop vs the same written by hand vs
+   `jit(conv_general_dilated)` on the sharded input (`benchmarks/halo.py`).
 """
 
 from __future__ import annotations
@@ -81,6 +87,9 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E4
 
 import parop as po  # noqa: E402
 from benchmarks import _hand, _hlo  # noqa: E402
+from benchmarks.halo import halo_groups  # noqa: E402
+from benchmarks.memory import memory_rows  # noqa: E402
+from benchmarks.planning import planning_rows  # noqa: E402
 from benchmarks._harness import (  # noqa: E402
     Candidate, Group, Target, fmt_bytes, paired_ratio, fmt_time, run_group, table, target_rows, timing_rows,
 )
@@ -518,14 +527,14 @@ def fno_groups(cfg: Config) -> list[Group]:
 
     batch, n, width = (8, 16, 16) if cfg.quick else (20, 32, 32)
     partition = (1, 1, 2, 4)
-    model = FNO(batch=batch, grid=(n, n), width=width, modes=(12, 12) if not cfg.quick else (8, 8), layers=4)
+    model = FNO((n, n), width=width, modes=(12, 12) if not cfg.quick else (8, 8), layers=4)
     dist = model.distribute(partition)
     θ = model.init(jax.random.key(0))
     θd = dist.init(jax.random.key(0))
     rng = np.random.default_rng(3)
     a = rng.standard_normal((batch, 1, n, n), dtype=np.float32)
     u = rng.standard_normal((batch, 1, n, n), dtype=np.float32)
-    ad, ud = (jax.device_put(v, dist.ops["lift"].in_sharding) for v in (a, u))
+    ad, ud = (jax.device_put(v, dist.in_sharding) for v in (a, u))
     optimizer = optax.adam(1e-3)
 
     def parop_step(m, θ):
@@ -603,6 +612,22 @@ CASES = [
     ("e", "planning + compile time, and dispatch of a small distributed operator",
      lambda cfg, ctx: compile_and_dispatch_groups(cfg)),
     ("g", "a large Matrix: sharded vs replicated weight", lambda cfg, ctx: sharded_matrix_groups(cfg)),
+    ("j", "a 3-D convolution with halo exchanges", lambda cfg, ctx: halo_groups(cfg.quick, _hlo_row)),
+]
+
+# Cases measured once, not timed against each other: (letter, title, rows(quick), the
+# table's columns, targets(rows)).
+TABLES = [
+    ("h", "Planning time (each plan from scratch; 16-device meshes planned from their shape)", planning_rows,
+     [("operator", "operator"), ("partition", "partition"), ("devices", "devices"), ("states", "states expanded"),
+      ("seconds", "seconds")],
+     lambda rows: [Target(f"h plan {r['operator']} on {r['partition']}", "<", r["limit"], value=r["seconds"], unit="s")
+                   for r in rows if r["limit"] is not None]),
+    ("i", "Per-device memory of one compiled FNO training step (arguments + outputs + temporaries)", memory_rows,
+     [("model", "model"), ("partition", "partition"), ("devices", "devices"), ("arguments", "arguments"),
+      ("outputs", "outputs"), ("temporaries", "temporaries"), ("total", "total"), ("ratio", "/ serial")],
+     lambda rows: [Target(f"i {r['model']} on {r['partition']}: memory / serial", "<=", 0.15, value=r["ratio"])
+                   for r in rows if r["devices"] == 8]),
 ]
 
 
@@ -627,6 +652,15 @@ def machine() -> dict:
             "jaxlib": jaxlib.__version__, "numpy": np.__version__, "python": sys.version.split()[0],
             "backend": jax.default_backend(), "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_start": os.getloadavg()}
+
+
+def _cell(value) -> str:
+    """A table cell: bytes as MiB, seconds and ratios to three figures."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, int) and value > 1 << 16:
+        return fmt_bytes(value)
+    return str(value)
 
 
 def hlo_table() -> str:
@@ -670,7 +704,7 @@ def breakdown_table(groups: list[Group]) -> str:
 
 
 def report(cfg: Config, info: dict, groups: list[Group], targets: list[Target], elapsed: float,
-           notes: list[str]) -> str:
+           notes: list[str], tables: dict) -> str:
     mode = "--quick" if cfg.quick else "full"
     devices = "--gpu" if cfg.gpu else f"{N_DEVICES} forced CPU host devices"
     lines = [
@@ -724,6 +758,9 @@ def report(cfg: Config, info: dict, groups: list[Group], targets: list[Target], 
         compile_table(),
         "",
     ]
+    for letter, (title, columns, rows) in tables.items():
+        lines += [f"## {letter}. {title}", "", table([label for _, label in columns],
+                                                       [[_cell(r[key]) for key, _ in columns] for r in rows]), ""]
     dispatch = [g for g in groups if g.case == "e" and "overhead_s" in g.extra]
     if dispatch and dispatch[0].extra["overhead_s"] is not None:
         lines += [
@@ -778,10 +815,16 @@ def main(args) -> int:
             print(f"  {g.problem}: {summary} ({time.perf_counter() - t:.1f} s)", flush=True)
 
     targets = [t for g in groups for t in g.targets]
+    tables = {}
+    for letter, title, rows_of, columns, targets_of in TABLES:
+        print(f"case {letter}: {title}", flush=True)
+        rows = rows_of(cfg.quick)
+        tables[letter] = (title, columns, rows)
+        targets += targets_of(rows)
 
     info["load_end"] = os.getloadavg()
     elapsed = time.perf_counter() - start
-    text = report(cfg, info, groups, targets, elapsed, notes)
+    text = report(cfg, info, groups, targets, elapsed, notes, tables)
     print()
     print(text)
     Path(args.out).write_text(text)
@@ -796,6 +839,7 @@ def main(args) -> int:
             "targets": [{"label": t.label, "value": t.measured(), "limit": t.limit, "op": t.op,
                          "passed": t.passed()} for t in targets],
             "hlo": HLO_ROWS, "compile": COMPILE_ROWS, "notes": notes, "checks_failed": failed,
+            "tables": {k: rows for k, (_, _, rows) in tables.items()},
         }, indent=1, default=str))
     if failed:
         print(f"\nCORRECTNESS CHECKS FAILED: {failed}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ class Setup:
     where: str
     plans: OrderedDict = field(default_factory=OrderedDict)
     pinned: dict = field(default_factory=dict)  # weight name -> its split, fixed by the first plan
+    calls: dict = field(default_factory=dict)  # adjoint or not -> the jitted call
 
     def keep(self, key, plan: Plan) -> None:
         """Keep `plan` for input shape `key` (its program is lowered when first run), and
@@ -266,11 +268,16 @@ class DistributedOperator(Operator):
 
     def _call(self, θ, x):
         """`A(θ) @ x` under `jax.jit`: the checks and the flat/tensor handling run when it
-        traces, so a call costs what the jitted program's dispatch costs."""
+        traces, so a call costs what the jitted program's dispatch costs. One jitted
+        function per `Setup` (and direction) closes over the operator's structure; the
+        operator's traced scalars are its arguments."""
+        call = self.setup.calls.get(self.adjoint)
+        if call is None:
+            call = self.setup.calls[self.adjoint] = jax.jit(functools.partial(_call, self))
         replicated = NamedSharding(self.mesh, PartitionSpec())
         x = self._onto_mesh(x, lambda: self._input_sharding(x))
-        D = jax.tree.map(lambda c: self._onto_mesh(c, lambda: replicated), self)  # its traced scalars
-        return _call(D, θ, x)
+        scalars = self.op._cache("_scalars", lambda: tuple(jax.tree.leaves(self.op)))
+        return call(θ, x, [self._onto_mesh(c, lambda: replicated) for c in scalars])
 
     def _input_sharding(self, x) -> NamedSharding:
         """Where the program wants `x`: its plan's input layout (replicated for flat input)."""
@@ -279,13 +286,13 @@ class DistributedOperator(Operator):
         return NamedSharding(self.mesh, PartitionSpec())
 
 
-@jax.jit
-def _call(D: DistributedOperator, θ, x):
+def _call(D: DistributedOperator, θ, x, scalars):
+    """`D(θ) @ x` with `scalars` in place of `D`'s own traced scalars."""
     x, unflatten = _as_tensor(D, x)
     x = _as_input_dtype(D, x)
     check_params(D, θ)
     run, specs = D._program(tuple(x.shape[D.ndim:]))
-    return unflatten(run(x, *(θ[name] for name, _ in specs), scalars=tuple(jax.tree.leaves(D.op))))
+    return unflatten(run(x, *(θ[name] for name, _ in specs), scalars=tuple(scalars)))
 
 
 @init.register
@@ -379,6 +386,8 @@ def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh |
         else:
             in_layout = layout_on_mesh(partition, mesh, where)
     check_splits(op.domain_shape, in_layout, mesh, where)  # batch axes: at the first call
+    if shard_weights is True:
+        _check_shardable(op, mesh, where)
     out: object = out_partition
     if isinstance(out_partition, PartitionSpec):
         out = ("layout", layout_of(out_partition, len(in_layout), mesh, where))
@@ -393,14 +402,31 @@ def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh |
     return Setup(mesh, in_layout, out, cost, shard_weights, where)
 
 
-def _sums(op: Operator) -> bool:
-    """Whether `op` has a `Reduce` (or a tensor-parallel `Matrix`) that can sum a split away."""
-    def steps(prog):
+def _steps(op: Operator):
+    """Every step of `op`'s program, a sum's terms' too."""
+    def walk(prog):
         for step in prog.steps:
             yield step
             for term in step.terms:
-                yield from steps(term)
-    return any(r is Role.REDUCE or s.dense for s in steps(program(op, op.domain_shape)) for r in s.roles)
+                yield from walk(term)
+    return walk(program(op, op.domain_shape))
+
+
+def _check_shardable(op: Operator, mesh: Mesh, where: str) -> None:
+    """With every weight sharded, each `Matrix` needs a mesh axis whose size divides its
+    rows (column-parallel) or its columns (row-parallel): a `ValueError` otherwise."""
+    sizes = sorted({n for n in mesh.shape.values() if n > 1})
+    for step in _steps(op):
+        if step.dense and not any(step.out_sizes[0] % n == 0 or step.in_sizes[0] % n == 0 for n in sizes):
+            raise ValueError(
+                f"{where}: shard_weights=True, but {step.leaf!r} can be split neither by its {step.out_sizes[0]} "
+                f"rows nor by its {step.in_sizes[0]} columns over mesh axes of sizes {sizes}: use "
+                "shard_weights='auto' (it may keep that weight whole) or other sizes")
+
+
+def _sums(op: Operator) -> bool:
+    """Whether `op` has a `Reduce` (or a tensor-parallel `Matrix`) that can sum a split away."""
+    return any(r is Role.REDUCE or s.dense for s in _steps(op) for r in s.roles)
 
 
 def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, op: Operator, where: str):

@@ -106,6 +106,7 @@ class Context:
                 self.segments.append(mask)
                 mask = 0
         self.segments.append(mask)
+        self._segment: dict[int, int] = {}
         self.psum_steps = 0  # the steps that can sum a split away (main line)
         for a in range(ndim):
             self.psum_steps |= self.psums[a]
@@ -223,7 +224,13 @@ class Context:
 
     def segment(self, done: int) -> int:
         """The index of the chain's operator that runs now (its first with a pending step)."""
-        return next(i for i, seg in enumerate(self.segments) if seg & ~done or i == len(self.segments) - 1)
+        if len(self.segments) == 1:
+            return 0
+        found = self._segment.get(done)
+        if found is None:
+            found = self._segment[done] = next(i for i, seg in enumerate(self.segments)
+                                               if seg & ~done or i == len(self.segments) - 1)
+        return found
 
     def before(self, i: int) -> int:
         """The steps of the chain's operators before operator `i`."""
@@ -301,6 +308,7 @@ class Search:
         self._lines: dict = {}
         self._frame_bounds: dict = {}
         self._entry_bounds: dict = {}
+        self._later: dict = {}
         self._exit_goals: dict = {}
 
     # -- tables ------------------------------------------------------------------------------
@@ -627,14 +635,17 @@ class Search:
         i = ctx.segment(done)
         if i == len(ctx.segments) - 1:
             return 0.0
-        used = frozenset(n for axes in lay.value for n in axes)
-        if any(size > 1 and name not in used for name, size in self.mesh):
-            return 0.0
-        total = 0.0
-        for j in range(i + 1, len(ctx.segments)):
-            if ctx.psum_steps & ctx.before(j) & ~done:
-                break
-            total += self.entry_bound(ctx, j, used, goal if j == len(ctx.segments) - 1 else Goal.any())
+        key = (ctx, i, ctx.psum_steps & ~done, lay, goal)
+        total = self._later.get(key)
+        if total is None:
+            total = 0.0
+            used = frozenset(n for axes in lay.value for n in axes)
+            if not any(size > 1 and name not in used for name, size in self.mesh):
+                for j in range(i + 1, len(ctx.segments)):
+                    if ctx.psum_steps & ctx.before(j) & ~done:
+                        break
+                    total += self.entry_bound(ctx, j, used, goal if j == len(ctx.segments) - 1 else Goal.any())
+            self._later[key] = total
         return total
 
     def entry_bound(self, ctx: Context, j: int, used: frozenset, goal: Goal) -> float:

@@ -1,0 +1,53 @@
+"""Case i of `benchmarks/run.py`: per-device memory of one FNO training step.
+
+What decides whether a model fits on a GPU: the bytes one device needs for one jitted
+Adam step of a 3-D FNO (arguments: parameters, optimiser state and the batch; outputs;
+temporaries), read from `compiled.memory_analysis()` of the step compiled for P = 1, 2,
+4 and 8 devices and the partitions that make sense. Nothing runs: it is compiled only.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+
+from parop.nn import FNO, relative_l2
+from parop.nn.train import as_real, make_step
+
+
+def step_memory(model, batch: int) -> dict:
+    """`{arguments, outputs, temporaries, total}` bytes per device of one training step of
+    `model` (serial or distributed) on `batch` samples."""
+    θ = model.init(jax.random.key(0))
+    θr = as_real(θ)
+    optimizer = optax.adam(1e-3)
+    state = optimizer.init(θr)
+    shape = (batch, model.in_channels) + model.grid
+    sharding = getattr(model, "in_sharding", None)
+    x = jax.ShapeDtypeStruct(shape, model.dtype, sharding=sharding)
+    loss = lambda θ, a, u: relative_l2(model.apply(θ, a), u)  # noqa: E731
+    step = make_step(loss, optimizer, θ)
+    with jax.numpy_dtype_promotion("standard"):
+        analysis = step.lower(θr, state, x, x).compile().memory_analysis()
+    out = {"arguments": analysis.argument_size_in_bytes, "outputs": analysis.output_size_in_bytes,
+           "temporaries": analysis.temp_size_in_bytes}
+    out["total"] = sum(out.values())
+    return out
+
+
+def memory_rows(quick: bool) -> list[dict]:
+    """One row per partition of a 3-D FNO (64³, width 20, modes 16³, batch 1; smaller
+    in quick mode), with the ratio of its total to the serial step's."""
+    grid, modes = ((32,) * 3, (8,) * 3) if quick else ((64,) * 3, (16,) * 3)
+    model = FNO(grid, width=20, modes=modes, layers=4)
+    partitions = [None, (1, 1, 2, 1, 1), (1, 1, 2, 2, 1), (1, 1, 2, 2, 2), (1, 1, 8, 1, 1), (1, 1, 4, 2, 1)]
+    rows = []
+    for partition in partitions:
+        m = model if partition is None else model.distribute(partition)
+        devices = 1 if partition is None else int(np.prod(partition))
+        rows.append({"partition": partition or "serial", "devices": devices, **step_memory(m, 1)})
+    serial = rows[0]["total"]
+    for row in rows:
+        row["ratio"] = row["total"] / serial
+    return [{"model": f"3-D FNO {'x'.join(map(str, grid))}, width 20, modes {modes}, batch 1", **r} for r in rows]

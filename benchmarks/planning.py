@@ -1,0 +1,63 @@
+"""Case h of `benchmarks/run.py`: how long the planner takes.
+
+Each row plans one operator (or, for an FNO network, its whole chain) from scratch and
+records the mesh, the states the search expanded and the seconds `po.distribute`
+(or `po.distribute_chain`) took. Mesh shapes of 16 devices are planned on a
+`jax.sharding.AbstractMesh` (planning needs only the mesh's shape). Targets: every
+single operator under 1 s, the Darcy protocol's FNO network on (2, 1, 2, 2) under 2 s.
+"""
+
+from __future__ import annotations
+
+import time
+
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+import parop as po
+from parop.nn import FNO
+from parop.nn.fno import channel_mixing, spectral_convolution
+
+
+def fno_layer(batch: int, width: int, grid: tuple[int, ...], modes: tuple[int, ...]):
+    """One Fourier layer, spectral convolution + 1x1 skip, as the FNO builds it."""
+    return (spectral_convolution(batch, width, grid, modes, "float32", "spectral")
+            + channel_mixing(batch, width, width, grid, "float32", "skip"))
+
+
+def _abstract(partition: tuple[int, ...]):
+    """`(PartitionSpec, AbstractMesh)` with one mesh axis per split entry."""
+    names = [f"d{i}" for i, p in enumerate(partition) if p > 1]
+    mesh = AbstractMesh(tuple(p for p in partition if p > 1), tuple(names))
+    return P(*(f"d{i}" if p > 1 else None for i, p in enumerate(partition))), mesh
+
+
+def planning_rows(quick: bool) -> list[dict]:
+    """`{operator, mesh, states, seconds, limit}` per planning case."""
+    layer3 = ("3-D FNO layer: batch 2, width 8, 32³, modes 8³", fno_layer(2, 8, (32, 32, 32), (8, 8, 8)))
+    layer4 = ("4-D FNO layer: batch 2, width 8, 16⁴, modes 6⁴", fno_layer(2, 8, (16,) * 4, (6,) * 4))
+    cases = [(layer3, p) for p in [(1, 1, 8, 1, 1), (1, 1, 2, 4, 1), (1, 1, 2, 2, 2), (2, 1, 2, 2, 1),
+                                   (2, 1, 2, 2, 2), (2, 2, 2, 2, 1), (1, 1, 4, 2, 2)]]
+    cases += [(layer4, p) for p in [(1, 1, 2, 2, 2, 1), (2, 1, 2, 2, 1, 1), (1, 1, 2, 2, 2, 2), (2, 1, 2, 2, 2, 1)]]
+    if quick:
+        cases = cases[:3] + cases[7:9]
+    rows = []
+    for (label, op), partition in cases:
+        spec, mesh = _abstract(partition)
+        start = time.perf_counter()
+        D = po.distribute(op, spec, mesh=mesh)
+        seconds = time.perf_counter() - start
+        rows.append({"operator": label, "partition": partition, "devices": mesh.size,
+                     "states": D.plan.states_expanded, "seconds": seconds, "limit": 1.0})
+    networks = [("2-D FNO network (Darcy protocol): batch 20, 32², width 32, modes 12², 4 layers",
+                 FNO((32, 32), width=32, modes=(12, 12), layers=4), 20, (2, 1, 2, 2), 2.0)]
+    if not quick:
+        networks.append(("3-D FNO network: batch 2, 32³, width 20, modes 8³, 4 layers",
+                         FNO((32, 32, 32), width=20, modes=(8, 8, 8), layers=4), 2, (1, 1, 2, 2, 2), None))
+    for label, model, batch, partition, limit in networks:
+        spec, mesh = _abstract(partition)
+        start = time.perf_counter()
+        Ds = model.distribute(spec, mesh=mesh).operators(batch)
+        seconds = time.perf_counter() - start
+        rows.append({"operator": label, "partition": partition, "devices": mesh.size,
+                     "states": Ds[0].plan.states_expanded, "seconds": seconds, "limit": limit})
+    return rows
