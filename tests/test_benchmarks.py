@@ -42,7 +42,8 @@ def quick_run(tmp_path_factory):
 def test_quick_run_exits_cleanly_and_prints_the_tables(quick_run):
     proc, results, markdown = quick_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for heading in ("## Targets", "## Timings", "## f. Collectives", "## e. Planning + compile time"):
+    for heading in ("## Targets", "## Timings", "## f. Collectives", "## e. Planning + compile time",
+                    "## h. Planning time", "## i. Per-device memory", ):
         assert heading in proc.stdout and heading in markdown
     assert "| target | measured" in proc.stdout
     assert "Machine: " in markdown and "jax " in markdown
@@ -53,7 +54,7 @@ def test_every_candidate_matches_numpy(quick_run):
     _, results, _ = quick_run
     assert results["checks_failed"] == []
     cases = {g["case"] for g in results["groups"]}
-    assert {"a", "b", "c", "e"} <= cases
+    assert {"a", "b", "c", "d", "e", "g", "j"} <= cases
     for g in results["groups"]:
         for name, r in g["results"].items():
             if r["status"] == "skipped":  # jaxdecomp (not installed, or r2c) or an XLA abort, with the reason
@@ -121,6 +122,21 @@ def test_jaxdecomp_not_importable_is_a_reason_to_skip(monkeypatch):
     monkeypatch.setitem(sys.modules, "jaxdecomp", None)  # `import jaxdecomp` raises ModuleNotFoundError
     assert jaxdecomp_fft("c2c", (2, 4, 1)) == (None, None, "jaxdecomp not importable (ModuleNotFoundError)")
     assert jaxdecomp_note().startswith("jaxdecomp not importable (ModuleNotFoundError): its candidates are skipped")
+
+
+def test_planning_memory_and_halo_cases(quick_run):
+    """Case h plans each operator within its limit (generous here: the benchmark's run
+    holds the 1 s target), case i's FNO step on 8 devices needs at most 0.15x the serial
+    step's memory per device, case j's halo-exchange program holds collective-permutes
+    only."""
+    _, results, _ = quick_run
+    planning, memory = results["tables"]["h"], results["tables"]["i"]
+    assert planning and all(r["states"] > 0 for r in planning)
+    assert all(r["seconds"] < 10 * (r["limit"] or 2) for r in planning), planning
+    eight = [r for r in memory if r["devices"] == 8]
+    assert eight and all(r["ratio"] <= 0.15 for r in eight), memory
+    halo = [r for r in results["hlo"] if r["problem"].startswith("conv") and r["program"] == "parop"]
+    assert halo and halo[0]["collective-permute"] == 6 and halo[0]["all-to-all"] == halo[0]["all-gather"] == 0
 
 
 def test_compile_time_was_measured(quick_run):

@@ -90,11 +90,12 @@ def make_step(loss: Callable[[Params, jax.Array, jax.Array], jax.Array], optimiz
 def fit(model, θ: Params, a: jax.Array, u: jax.Array, *, steps: int, batch: int, lr: float = 1e-3,
         seed: int = 0, decode: Callable | None = None, progress: bool = True,
         place: Callable | None = None, checkpoint: str | os.PathLike | None = None,
-        every: int = 100) -> tuple[Params, np.ndarray]:
+        every: int = 100, callback: Callable[[int, float], None] | None = None) -> tuple[Params, np.ndarray]:
     """Trains `model.apply` with Adam (`lr`, cosine decay to 0 over `steps`) on the
     relative L2 loss of `decode(model.apply(θ, a_batch))` against `u_batch`; returns the
     trained parameters and the loss at every step. `place` puts each batch where the
-    model wants it (e.g. the distributed model's input sharding).
+    model wants it (e.g. the distributed model's input sharding); `callback(step, loss)`
+    runs after each step (its loss read, so the step has finished).
 
     The batches are consecutive slices of `batch` samples (at most `len(a)`: a larger
     batch is a `ValueError`) of a stream of random permutations of the samples drawn
@@ -140,6 +141,8 @@ def fit(model, θ: Params, a: jax.Array, u: jax.Array, *, steps: int, batch: int
         losses[i] = float(value)  # also waits for the step, so collectives never pile up
         if bar is not None:
             bar(i, losses[i])
+        if callback is not None:
+            callback(i, losses[i])
         if checkpoint is not None and ((i + 1) % every == 0 or i + 1 == steps):
             ckpt.save(checkpoint, _training_state(as_complex(θr, θ), state, losses[:i + 1], run), step=i + 1, keep=2)
     return as_complex(θr, θ), losses

@@ -134,21 +134,12 @@ class Context:
             self._itemsize[done] = itemsize
         return self._itemsize[done]
 
-    def least_bytes(self, done: int, before: int = -1, after: int = -1) -> float:
-        """A lower bound on the global bytes of the tensor in a later state: one before
-        step `before` runs (if not -1), after step `after` has run (if not -1). Steps
-        that must have run count with their own factor, those that may have run with
-        their least one, those that cannot have run not at all."""
-        key = (done, before, after)
+    def least_bytes(self, done: int) -> float:
+        """A lower bound on the global bytes of the tensor in any later state: every
+        pending step with its least factor."""
+        key = ("least", done)
         if key not in self._bytes:
-            # a sum may be part-way through its terms then: it counts with its least factor
-            must = (self.ancestors[after] | self.whole(after)) & ~done if after >= 0 else 0
-            cannot = (self.descendants[before] | self.whole(before)) if before >= 0 else 0
-            factor = 1.0
-            for j in range(len(self.steps)):
-                if done >> j & 1 or cannot >> j & 1:
-                    continue
-                factor *= self.factors[j] if must >> j & 1 else self.shrinks[j]
+            factor = math.prod(f for j, f in enumerate(self.shrinks) if not done >> j & 1)
             self._bytes[key] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
         return self._bytes[key]
 
@@ -159,14 +150,14 @@ class Context:
         so a step that needs any of the others (or follows one that does) cannot have run."""
         key = ("departures", done, axes)
         if key not in self._bytes:
-            blocks = []  # per pending step: the axes whose departure must precede it
-            firsts = {}
+            firsts = {}  # per axis: the steps its departure must precede
             for a in axes:
                 needs = self.needs[a] & ~done
                 first = (needs & -needs).bit_length() - 1
                 if not self.steps[first].terms:
                     firsts[a] = self.descendants[first] | 1 << first
             pending = [j for j in range(len(self.steps)) if not done >> j & 1]
+            # per pending step: the axes whose departure must precede it
             blocks = [(j, frozenset(a for a, cut in firsts.items() if cut >> j & 1)) for j in pending]
             now = math.prod(self.sizes(done)) * self.itemsize(done)
             sizes = []
@@ -674,14 +665,20 @@ class Search:
         that is padded, or that holds a mesh axis the goal does not want there, needs a
         collective with that axis as its source (no collective has two sources); it
         comes before the first step that needs the axis whole. *Arrivals*: a tensor axis
-        that must end with mesh axes it does not safely hold (it lacks them, or it loses
-        them in a departure) needs a collective with that axis as its target (none has
-        two targets), after the last step that needs it whole, or a free mesh axis split
-        onto it. One collective may be a departure and an arrival only where it can
-        carry a mesh axis from its source to its goal on the target: such arrivals are
-        not counted. Each is priced at its least: latency plus the bytes of the smallest
-        tensor it can move then, forward and backward when training (an `all_to_all`), or
-        one latency where a `psum` can take the split away or a split put it back.
+        that must end with mesh axes it does not safely hold (it lacks them, or it must
+        become whole or unpadded first, losing them; a departure for the goal alone takes
+        only the mesh axes after those it wants there) needs a collective with that axis
+        as its target (none has two targets), after the last step that needs it whole,
+        or a free mesh axis split onto it. One collective may be a departure and an
+        arrival only where it can carry a mesh axis from its source to its goal on the
+        target, one arrival per departure, and where it can come both before the first
+        step that needs its source whole and after the last step that needs its target
+        whole: the arrivals of a maximum such matching are not counted. Each is priced at
+        its least: latency plus the bytes of the smallest tensor it can move then (the
+        k-th departure in time comes while at most k-1 needy axes have gone, the k-th
+        last arrival after all but k-1 have come back), forward and backward when
+        training (an `all_to_all`), or one latency where a `psum` can take the split away
+        or a split put it back.
 
         *A dense `Matrix`*, trained while the devices' data differ (and no `Reduce` can
         sum that away first), costs a collective whatever its form: its weight
@@ -701,15 +698,16 @@ class Search:
         sizes = ctx.sizes(done)
         pending = ~done & scope
         mesh = self.mesh_sizes
-        departures = set()
+        departures, whole = set(), set()  # `whole`: departures that take every mesh axis away
         for a, axes in enumerate(layout):
-            if axes and (sizes[a] % math.prod(mesh[n] for n in axes) or ctx.needs[a] & pending
-                         or (goal is not None and goal.conflicts(a, axes))):
+            if axes and (sizes[a] % math.prod(mesh[n] for n in axes) or ctx.needs[a] & pending):
+                whole.add(a)
+            if a in whole or (axes and goal is not None and goal.conflicts(a, axes)):
                 departures.add(a)
         arrivals = []
         if goal is not None and goal.prefixes is not None:
             arrivals = [b for b, want in enumerate(goal.prefixes)
-                        if want and (b in departures or layout[b][:len(want)] != want)]
+                        if want and (b in whole or layout[b][:len(want)] != want)]
             # a departure may carry one of its mesh axes to the arrival axis wanting it, if it can
             # come before the first step needing its source whole and after the last needing b
             carries = {b: [a for a in departures if a != b and any(m in goal.prefixes[b] for m in layout[a])
@@ -742,7 +740,7 @@ class Search:
             split = latency if self.cost.training else 0.0
             moved = []
             for b in arrivals:
-                want = [m for m in goal.prefixes[b] if b in departures or m not in layout[b]]
+                want = [m for m in goal.prefixes[b] if b in whole or m not in layout[b]]
                 if all(m not in used or m in freed for m in want):
                     total += split
                 else:
