@@ -177,22 +177,29 @@ class FNO:
         """Parameters as in `neuraloperator`: 1x1 convolutions and biases uniform in
         `±1/sqrt(fan_in)` (local convolutions: fan-in `width·k^d`), spectral weights with
         real and imaginary parts uniform in `[0, 1/width²)`; deterministic in `key`, each
-        weight drawn where the model keeps it."""
-        θ: Params = {}
+        weight drawn where the model keeps it (one jitted program, compiled once)."""
         places = self.param_shardings()
-        drawn = lambda draw, name: jax.jit(draw, out_shardings=places.get(name))(name_key(key, name))  # noqa: E731
+        found = self.__dict__.setdefault("_initializers", {})
+        signature = tuple(sorted(places.items(), key=lambda item: item[0]))
+        if signature not in found:
+            draws = self._draws()
+            draw_all = lambda key: {name: draw(name_key(key, name)) for name, draw in draws.items()}  # noqa: E731
+            found[signature] = jax.jit(draw_all, out_shardings=places or None)
+        return found[signature](key)
+
+    def _draws(self) -> dict:
+        """`{name: key -> value}` for every parameter, biases included."""
+        draws = {}
         for name, leaf in self.parameters.items():
             shape = leaf.param_shape
             if name.startswith("spectral"):
                 real = _dtypes.real_of(leaf.param_dtype)
-                draw = lambda k, s=shape, r=real: jax.lax.complex(*(jax.random.uniform(k, (2,) + s, r) / self.width**2))
-            else:
-                bound = 1 / math.sqrt(math.prod(shape[1:]))
-                draw = lambda k, s=shape, b=bound: jax.random.uniform(k, s, self.dtype, -b, b)
-                θ[f"{name}.bias"] = drawn(lambda k, n=shape[0], b=bound: jax.random.uniform(k, (n,), self.dtype, -b, b),
-                                          f"{name}.bias")
-            θ[name] = drawn(draw, name)
-        return θ
+                draws[name] = lambda k, s=shape, r=real: jax.lax.complex(*(jax.random.uniform(k, (2,) + s, r) / self.width**2))
+                continue
+            bound = 1 / math.sqrt(math.prod(shape[1:]))
+            draws[name] = lambda k, s=shape, b=bound: jax.random.uniform(k, s, self.dtype, -b, b)
+            draws[f"{name}.bias"] = lambda k, n=shape[0], b=bound: jax.random.uniform(k, (n,), self.dtype, -b, b)
+        return draws
 
     def param_shardings(self) -> dict[str, NamedSharding]:
         """Where each parameter lives: nowhere in particular for a serial model."""
