@@ -1,14 +1,15 @@
 """Writes the tutorial notebooks from the cells below, and (with `--execute`) runs them
 and saves them with their outputs.
 
-    python notebooks/_build.py                 # write the four notebooks, no outputs
+    python notebooks/_build.py                 # write the five notebooks, no outputs
     python notebooks/_build.py --execute       # write, run top to bottom, save with outputs
     python notebooks/_build.py --execute 04    # only the notebooks whose name contains "04"
 
 Edit the cells here, not in the `.ipynb` files. The kernel is `python3` from the
 interpreter running this script; the repository root is put on its `PYTHONPATH`, so
 the notebooks run from a checkout without installing `parop`.
-`PAROP_NOTEBOOK_STEPS` (default 1200) sets the FNO's training steps in notebook 04.
+`PAROP_NOTEBOOK_STEPS` sets the FNO's training steps in notebooks 04 (default 1200) and
+05 (default 300); the test suite runs them with 20.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ OPERATOR_ALGEBRA = [
     # 01 · The operator algebra
 
     A parop operator is a linear map with shapes and dtypes. Operators compose like
-    matrices (`po.kron`, `@`, `+`, `.H`), hold their weights outside themselves (a plain
-    dict, so `jax.grad` and `optax` work directly), and can always be checked against a
-    dense matrix. This notebook stays on one device; the next ones distribute the same
+    matrices (`po.kron`, `@`, `+`, `.H`, `.T`), are JAX values (a `jax.jit`ted function
+    takes them as arguments), hold their weights outside themselves (a plain dict, so
+    `jax.grad` and `optax` work directly), and can always be checked against a dense
+    matrix. This notebook stays on one device; the next ones distribute the same
     operators.
 
     The first cell forces 8 CPU devices, as every notebook in this series does. The flag
@@ -114,6 +116,57 @@ OPERATOR_ALGEBRA = [
 
     T = po.DFT(8) + 2 * po.Identity(8)
     print(f"T = {T!r}:", np.allclose(po.to_dense(T), np.fft.fft(np.eye(8), axis=0) + 2 * np.eye(8), atol=1e-5))
+    '''),
+    md("""
+    ## Operators are JAX values
+
+    An operator is a pytree: its structure (sizes, dtypes, names) is static data and its
+    only array leaves are traced scalars. So a jitted function takes operators as
+    arguments, and two operators built the same way are equal (`==`) and share one trace.
+    The list below grows only while JAX traces:
+    """),
+    code('''
+    traces = []
+
+    @jax.jit
+    def apply(A, x):
+        traces.append(repr(A))      # Python side effect: runs when JAX traces, not per call
+        return A @ x
+
+    L_again = po.Restriction(32, [slice(0, 6), slice(-6, None)]) @ po.DFT(32)
+    np.testing.assert_allclose(apply(L, v), L @ v, rtol=1e-5, atol=1e-4)
+    apply(L_again, v)                 # equal to L: the same trace
+    print("L == L_again:", L == L_again, "  L is L_again:", L is L_again, "  traces:", traces)
+    '''),
+    md("""
+    `c * A` with `c` a 0-d JAX array keeps `c` as a leaf of the pytree: a new value is no
+    new trace, and `jax.grad` differentiates with respect to it. Below, two scalings of `L`
+    add one trace between them, and the derivative of ‖(DFT + c·I) x‖² in `c` matches
+    its formula, 2 Re⟨x, F x + c x⟩:
+    """),
+    code('''
+    apply(jnp.float32(2.0) * L, v)
+    apply(jnp.float32(3.0) * L, v)
+    print("traces:", traces)
+
+    def energy(c, x):
+        return jnp.sum(jnp.abs((po.DFT(8) + c * po.Identity(8)) @ x) ** 2)
+
+    x8 = (rng.standard_normal(8) + 1j * rng.standard_normal(8)).astype(np.complex64)
+    c = jnp.float32(0.5)
+    formula = 2 * np.real(np.vdot(x8, np.fft.fft(x8) + c * x8))
+    print(f"d/dc: jax.grad {float(jax.jit(jax.grad(energy))(c, x8)):.4f},  formula {formula:.4f}")
+    '''),
+    md("""
+    `A.T` is the transpose, `conj(A.H conj(y))`: for a complex-linear operator the matrix
+    transpose (not conjugated), and what `jax.linear_transpose` of `x ↦ A @ x` computes.
+    """),
+    code('''
+    w = (rng.standard_normal(12) + 1j * rng.standard_normal(12)).astype(np.complex64)
+    (transposed,) = jax.linear_transpose(lambda x: L @ x, v)(w)
+    print(f"L.T = {L.T!r}")
+    print("to_dense(L.T) == to_dense(L).T:", np.allclose(po.to_dense(L.T), po.to_dense(L).T, atol=1e-5))
+    print("L.T @ w == jax.linear_transpose:", np.allclose(L.T @ w, transposed, atol=1e-4))
     '''),
     md("""
     ## Parameters
@@ -193,7 +246,7 @@ OPERATOR_ALGEBRA = [
     Every operator above passes:
     """),
     code('''
-    for op, params in [(F, None), (L, None), (T, None), (S, θ), (A, θA), (K, θK)]:
+    for op, params in [(F, None), (L, None), (L.T, None), (T, None), (S, θ), (A, θA), (K, θK)]:
         print(f"{po.testing.dot_test(op, params):8.1e}   {op!r}")
     '''),
     md("""
@@ -258,10 +311,14 @@ DISTRIBUTED_FFT = [
     '''),
     md("""
     `D.plan` is the program. Read it top to bottom: every line runs on each device's block;
-    an `all_to_all` names the mesh axis it moves, from which tensor axis to which, the bytes
-    each device sends and the layout afterwards. Here the split moves to axis 1 *before* the
-    real DFT (real data is smaller than its spectrum), and back at the end so that the
-    output has the input's layout.
+    an `all_to_all` names the mesh axis it moves, from which tensor axis to which, and the
+    layout afterwards. Each collective shows the bytes one device sends forward (`fwd`) and
+    in the backward pass of `jax.grad` (`bwd`: JAX runs the transposed program, and the
+    transpose of an `all_to_all` is the reverse `all_to_all`); the last two lines add them
+    up. Plans are costed for a training step, forward and backward (see the machine model
+    below). Here the split moves to axis 1 *before* the real DFT (real data is smaller
+    than its spectrum: 5.9 KiB against 7.0 KiB), and back at the end so that the output
+    has the input's layout.
     """),
     code('''
     print(D.plan)
@@ -308,6 +365,39 @@ DISTRIBUTED_FFT = [
     print(po.distribute(F3, (2, 2, 2), out_partition="auto").plan)
     '''),
     md("""
+    ## The machine model
+
+    The planner minimises a cost counted in bytes: for each collective, the bytes one
+    device sends plus `latency_bytes`, a collective's start-up expressed in bytes
+    (latency × bandwidth). The default `po.CostModel()` takes 1 MiB (a GPU interconnect)
+    and costs a training step, forward and backward; `training=False` plans for inference
+    (forward only). `po.calibrate()` times an `all_to_all` over the devices at hand with a
+    small and a large payload and returns the model it measured (here with a smaller
+    payload and fewer repeats than its defaults, to keep this quick); pass it as
+    `po.distribute(..., cost=cost)`. The timings, hence the numbers, change from run to
+    run.
+    """),
+    code('''
+    cost = po.calibrate(large=1 << 22, repeats=10)
+    m = cost.measured
+    print(f"measured: start-up {1e6 * m['latency_s']:.0f} µs, {m['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s per device "
+          f"(a local FFT: {m['fft_bytes_per_s'] / 1e9:.2f} GB/s)")
+    print(f"latency_bytes = {cost.latency_bytes:,.0f}  (the default: {po.CostModel().latency_bytes:,.0f})")
+    '''),
+    md("""
+    For a DFT there is little to choose: the cube plan moves the same bytes in the same
+    collectives under each of these models (only the cost they put on it differs). The
+    model decides where the planner has to trade one collective for another, as for
+    weights (notebook 03).
+    """),
+    code('''
+    models = {"default": po.CostModel(), "inference": po.CostModel(training=False), "calibrated": cost}
+    for name, model in models.items():
+        plan = po.distribute(F3, (2, 2, 2), out_partition="auto", cost=model).plan
+        print(f"{name:10}  {plan.collectives()['all_to_all']} all_to_all, {plan.bytes / 2**10:.0f} KiB forward,  "
+              f"cost {plan.cost[0] / 2**20:.2f} MiB")
+    '''),
+    md("""
     ## Timing against XLA's sharded FFT
 
     The reference is `jax.jit(jnp.fft.fftn)` on the *same* sharded input: XLA's SPMD
@@ -352,7 +442,8 @@ WEIGHT_SHARING = [
        adjoint.
 
     JAX's convention makes all of them come out right: a replicated value is one logical
-    tensor, so its gradient is the sum over the devices, the full gradient.
+    tensor, so its gradient is the sum over the devices, the full gradient. A last section
+    shows why the planner costs a training step, the backward pass included.
     """),
     code(SETUP, '''
     import re
@@ -375,9 +466,10 @@ WEIGHT_SHARING = [
 
     The seed convolution `kron(Matrix(50, 50), I(30), I(10))` mixes 50 channels at every
     point of a 30 × 10 grid. With partition `(1, 2, 2)` the grid is split over 4 devices and
-    the channel axis, the only one the `Matrix` needs whole, is local already: the plan
-    moves nothing. `po.init(D, key)` gives the same values as `po.init(S, key)`, with the
-    weight replicated on the mesh.
+    the channel axis, the only one the `Matrix` needs whole, is local already: the forward
+    pass moves nothing. The backward pass has one collective, a `psum` of the weight's
+    gradient (below). `po.init(D, key)` gives the same values as `po.init(S, key)`, with
+    the weight replicated on the mesh.
     """),
     code('''
     S = po.kron(po.Matrix(50, 50, name="mix"), po.Identity(30), po.Identity(10))
@@ -389,8 +481,8 @@ WEIGHT_SHARING = [
     md("""
     Forward and gradient (with respect to the weight and the input) of `sum(S x)`, against the
     serial operator. In the backward pass each device computes the weight's gradient from its
-    own part of the grid, and JAX sums these partial gradients over the 4 devices: the one
-    all-reduce in the compiled gradient.
+    own part of the grid, and JAX sums these partial gradients over the 4 devices: the
+    plan's backward `psum`, and the one all-reduce in the compiled gradient.
     """),
     code('''
     x = rng.standard_normal((50, 30, 10)).astype(np.float32)
@@ -411,7 +503,8 @@ WEIGHT_SHARING = [
     `Matrix(20, 20)` applied to `x` of shape `(20, 100)`: axis 1 is a trailing batch axis of
     100 columns, split over 4 devices with partition `(1, 4)`. Each device applies the same
     weight to its 25 columns. Each device's gradient covers only its columns; the gradient
-    of the distributed operator is their sum, exactly the serial gradient over all 100.
+    of the distributed operator is their sum (the plan's backward `psum`), exactly the
+    serial gradient over all 100.
     """),
     code('''
     M = po.Matrix(20, 20, name="w")
@@ -451,9 +544,11 @@ WEIGHT_SHARING = [
     '''),
     md("""
     Its adjoint is a broadcast: the (replicated) sum goes back to every row, each device
-    keeps its own (a local slice, no communication). The gradient of `sum(R x)` with respect
-    to `x` is that broadcast applied to ones, so it is all ones, split like `x`. The dot
-    test confirms the pair.
+    keeps its own (a local slice, no communication forward). `D.H` runs the transpose of
+    `D`'s plan. Its backward pass (the gradient of a function of `D.H @ y` with respect to
+    `y`) sums over the devices again: the `psum` the plan shows. The gradient of `sum(R x)`
+    with respect to `x` is the broadcast applied to ones, so it is all ones, split like
+    `x`. The dot test confirms the pair.
     """),
     code('''
     print(D.H.plan)
@@ -465,6 +560,27 @@ WEIGHT_SHARING = [
     np.testing.assert_array_equal(gx, np.ones((8, 100)))
     print("grad of sum(D @ x):", gx.shape, gx.sharding.spec, "all ones")
     print(f"dot test: {po.testing.dot_test(D):.1e}")
+    '''),
+    md("""
+    ## Training or inference: the machine model
+
+    Where an operator has a weight, the planner often has a real choice, and the backward
+    pass can decide it. `Matrix(512, 512)` on `(512, 64)` with its input axis split over 8
+    devices: costed for a training step (the default `po.CostModel()`), the planner runs
+    it *row-parallel*: each device keeps the 64 columns of the weight that meet its rows of
+    the input, and a `psum_scatter` adds the partial products (its transpose, in the
+    backward pass, is an `all_gather`). Costed for inference only, with no start-up cost
+    per collective (`po.CostModel(latency_bytes=0, training=False)`), moving the
+    activations is cheaper forward (two small `all_to_all`s, the weight replicated), but
+    its backward pass would all-reduce the whole weight gradient:
+    """),
+    code('''
+    M = po.Matrix(512, 512, name="w")
+    for cost in [po.CostModel(), po.CostModel(latency_bytes=0, training=False)]:
+        D = po.distribute(M, partition=(8, 1), cost=cost)
+        print(D.plan_for((64,)))                  # the plan for 64 trailing columns
+        print("the weight is kept as", D.param_shardings()["w"].spec)
+        print()
     '''),
 ]
 
@@ -482,8 +598,9 @@ DISTRIBUTED_FNO = [
     distributes with `model.distribute(partition)`: here the 32 × 32 grid is split 2 × 4
     over 8 devices.
 
-    `PAROP_NOTEBOOK_STEPS` sets the number of training steps (1200 by default; the test
-    suite runs this notebook with 20).
+    `PAROP_NOTEBOOK_STEPS` sets the number of training steps: 1200 by default (the full
+    run, about 30 epochs of the 800 training samples); the test suite runs this notebook
+    with 20, and the outputs saved with it come from such a quick run.
     """),
     code(SETUP, '''
     import time
@@ -521,22 +638,42 @@ DISTRIBUTED_FNO = [
     md("""
     ## The model, serial and distributed
 
-    Width 32, 12 × 12 Fourier modes, 4 layers, batch 20 (the operators are built for a fixed
-    batch size). `model.distribute((1, 1, 2, 4))` distributes every layer for inputs split as
-    `(batch, channel, x, y)` = `(1, 1, 2, 4)`. The distributed model takes the same
-    parameters (`dist.init` gives the same values as `model.init`, placed on the mesh) and
-    computes the same function:
+    Width 32, 12 × 12 Fourier modes (as in the `neuraloperator` library: 12 frequencies on
+    `x`, both ends of the spectrum, and 12//2 + 1 = 7 on `y`, the real-FFT axis), 4 layers.
+    The model has no batch size: it builds its operators for each batch size it meets.
+    `model.distribute((1, 1, 2, 4))` is the same network for inputs split as
+    `(batch, channel, x, y)` = `(1, 1, 2, 4)`, its operators planned together, as one
+    chain, for each batch size. It takes the same parameters (`dist.init` gives the same
+    values as `model.init`, each placed where the distributed model keeps it) and computes
+    the same function:
     """),
     code('''
-    model = FNO(batch=20, grid=(32, 32), width=32, modes=(12, 12), layers=4)
+    model = FNO((32, 32), width=32, modes=(12, 12), layers=4)
     dist = model.distribute((1, 1, 2, 4))
     θ = dist.init(jax.random.key(0))
     print(f"{sum(w.size for w in θ.values()):,} parameters:", ", ".join(sorted(θ)))
 
-    place = lambda batch: jax.device_put(batch, dist.ops["lift"].in_sharding)   # split like the input
-    y_serial = jax.jit(model.apply)(model.init(jax.random.key(0)), x_train[:20])
+    θ_serial = model.init(jax.random.key(0))
+    print("the same initial parameters:", all(np.array_equal(θ[k], θ_serial[k]) for k in θ))
+
+    place = lambda batch: jax.device_put(batch, dist.in_sharding)   # split as the model wants its input
+    y_serial = jax.jit(model.apply)(θ_serial, x_train[:20])
     y_dist = jax.jit(dist.apply)(θ, place(x_train[:20]))
     print("distributed vs serial, max relative difference:", float(jnp.abs(y_dist - y_serial).max() / jnp.abs(y_serial).max()))
+    '''),
+    md("""
+    `dist.operators(20)` are the network's distributed operators for batches of 20:
+    lifting, the four Fourier layers, the two projections. Each hands its output to the
+    next in the layout the next one starts from, and only the lifting and the last
+    projection move the input's `y` split:
+    """),
+    code('''
+    ops = dist.operators(20)
+    names = ["lift"] + [f"layer {k}" for k in range(4)] + ["proj1", "proj2"]
+    for name, D in zip(names, ops):
+        fwd, bwd = D.plan.collectives(), D.plan.collectives(backward=True)
+        count = lambda c: ", ".join(f"{n} {k}" for k, n in c.items() if n) or "none"
+        print(f"{name:8} {str(D.in_sharding.spec):34} -> {str(D.out_sharding.spec):34} fwd: {count(fwd)};  bwd: {count(bwd)}")
     '''),
     md("""
     One Fourier layer's plan (all four are alike: the lifting has already moved the input's
@@ -545,10 +682,15 @@ DISTRIBUTED_FNO = [
     restriction to 7 modes, one `all_to_all` moves the `x` split onto them (padded with a
     zero mode to 8, one per device), so the FFT on `x` runs locally and the
     `PerModeMatrix` mixes the channels of each device's modes; a second `all_to_all` puts
-    the split back on `x` for the inverse real FFT. Two per layer, as in dfno.
+    the split back on `x` for the inverse real FFT. Two per layer forward, as in dfno.
+
+    The backward pass runs both `all_to_all`s in reverse, a `psum` of the skip weight's
+    gradient, and an `all_gather` of the spectral weight's gradient: that weight is kept
+    whole on every device (its 7 modes on `y` do not split evenly in 8), each device
+    computes the gradient of the modes it holds, and the pieces are gathered.
     """),
     code('''
-    print(dist.ops["layers"][1].plan)
+    print(ops[1].plan)
     '''),
     md("""
     ## Training
@@ -556,17 +698,18 @@ DISTRIBUTED_FNO = [
     `parop.nn.fit` trains with Adam (learning rate 1e-3, cosine decay to 0) on the relative
     L2 loss of the decoded prediction, batches of 20 drawn without replacement; `place` puts
     each batch on the mesh. The parameters stay a plain dict (`optax` sees the complex
-    spectral weights as pairs of reals).
+    spectral weights as pairs of reals). With `checkpoint="some/dir"`, `fit` would also save
+    its state every `every` steps and resume from it.
     """),
     code('''
     start = time.perf_counter()
     θ, losses = fit(dist, θ, x_train, u_train, steps=STEPS, batch=20, lr=1e-3, decode=u_norm.decode, place=place)
-    print(f"{STEPS} steps in {time.perf_counter() - start:.0f} s;  final training loss {losses[-20:].mean():.4f}")
+    print(f"{STEPS} steps in {time.perf_counter() - start:.0f} s;  mean loss of the last 20 steps: {losses[-20:].mean():.4f}")
     '''),
     code('''
     fig, ax = plt.subplots(figsize=(5, 2.8))
     ax.semilogy(losses, lw=0.6, alpha=0.5, label="batch")
-    window = min(50, len(losses))
+    window = max(1, min(50, len(losses) // 5))
     ax.semilogy(np.arange(window - 1, len(losses)), np.convolve(losses, np.ones(window) / window, "valid"), label=f"mean of {window}")
     ax.set(xlabel="step", ylabel="relative L2 loss", title="training loss")
     ax.legend()
@@ -577,7 +720,9 @@ DISTRIBUTED_FNO = [
     ## Test error and one prediction
 
     The relative L2 error `‖prediction − u‖ / ‖u‖`, averaged over the 200 test samples that the
-    model never saw:
+    model never saw. The full 1,200-step run reached 0.0204. In the quick mode of 20 steps,
+    whose outputs are saved with this notebook, the model has barely started to learn and
+    the error is far larger.
     """),
     code('''
     error = evaluate(dist, θ, x_test, u_test, batch=20, decode=u_norm.decode, place=place)
@@ -608,11 +753,202 @@ DISTRIBUTED_FNO = [
     '''),
 ]
 
+# -- 05 ----------------------------------------------------------------------------------
+
+FNO_3D = [
+    md("""
+    # 05 · A 3-D Fourier neural operator
+
+    The network of notebook 04 on a 3-D grid: Darcy flow in the unit cube,
+    −∇·(a ∇u) = 1 with u = 0 on the boundary, sampled on 24³ grid points, and an FNO that
+    maps the coefficient `a` to the solution `u`. The grid is split over 8 devices, in two
+    along each axis. In 3-D the activations grow with the cube of the resolution, and the
+    memory a training step needs is what model parallelism is for: this notebook measures
+    it, per device, on 1 to 8 devices.
+
+    `PAROP_NOTEBOOK_STEPS` sets the number of training steps: 300 by default (the full
+    run); the test suite runs this notebook with 20, and the outputs saved with it come
+    from such a quick run.
+    """),
+    code(SETUP, '''
+    import time
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    from parop.datasets import darcy_flow
+    from parop.nn import FNO, UnitGaussianNormalizer, evaluate, fit, relative_l2
+
+    STEPS = int(os.environ.get("PAROP_NOTEBOOK_STEPS", 300))
+    plt.rcParams.update({"figure.dpi": 70, "font.size": 8})
+    warnings.filterwarnings("ignore", message="IProgress not found")  # no ipywidgets: tqdm draws a text bar
+    print(f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} devices, {STEPS} training steps")
+    '''),
+    md("""
+    ## Data
+
+    `darcy_flow(n, 24, dim=3)` draws piecewise-constant coefficients (12 or 3, a
+    thresholded Gaussian random field) and solves the 7-point finite-difference system with
+    a conjugate-gradient method, in code: 500 samples, 400 to train and 100 to test,
+    normalised as in notebook 04.
+    """),
+    code('''
+    start = time.perf_counter()
+    a, u = darcy_flow(500, 24, dim=3, seed=0)
+    print(f"a: {a.shape}, u: {u.shape}, generated in {time.perf_counter() - start:.1f} s;  "
+          f"a takes {np.unique(np.asarray(a))}, u at most {float(u.max()):.4f}")
+    a_train, u_train, a_test, u_test = a[:400], u[:400, None], a[400:], u[400:, None]
+    a_norm, u_norm = UnitGaussianNormalizer.fit(a_train), UnitGaussianNormalizer.fit(u_train)
+    x_train, x_test = a_norm.encode(a_train)[:, None], a_norm.encode(a_test)[:, None]
+    '''),
+    md("""
+    One sample, cut through the middle of the cube across each axis: the coefficient
+    (yellow 12, purple 3) and the solution, which vanishes on the faces of the cube.
+    """),
+    code('''
+    mid = 12
+    cuts = {"x": np.s_[mid, :, :], "y": np.s_[:, mid, :], "z": np.s_[:, :, mid]}
+    fig, axes = plt.subplots(2, 3, figsize=(7, 4.4))
+    for column, (axis, cut) in enumerate(cuts.items()):
+        for row, (name, field, vmin, vmax) in enumerate([("a", a[0], 3, 12), ("u", u[0], 0, float(u[0].max()))]):
+            image = axes[row, column].imshow(np.asarray(field[cut]).T, origin="lower", vmin=vmin, vmax=vmax)
+            axes[row, column].set_title(f"{name} at {axis} = 0.5")
+            axes[row, column].set_axis_off()
+            fig.colorbar(image, ax=axes[row, column], shrink=0.8)
+    fig.tight_layout()
+    plt.show()
+    '''),
+    md("""
+    ## The model, distributed over 8 devices
+
+    Width 16, 8 Fourier modes per axis (8 frequencies on `x` and `y`, both ends of the
+    spectrum, and 8//2 + 1 = 5 on `z`, the real-FFT axis), 4 layers. The input
+    `(batch, channel, x, y, z)` is split `(1, 1, 2, 2, 2)`. For batches of 4 the distributed
+    model plans its seven operators as one chain; each hands over to the next in the layout
+    the next one starts from:
+    """),
+    code('''
+    BATCH = 4
+    model = FNO((24, 24, 24), width=16, modes=(8, 8, 8), layers=4)
+    dist = model.distribute((1, 1, 2, 2, 2))
+    θ = dist.init(jax.random.key(0))
+    print(f"{sum(w.size for w in θ.values()):,} parameters; spectral weights {θ['spectral0'].shape} "
+          f"{θ['spectral0'].dtype}, kept as {θ['spectral0'].sharding.spec}")
+
+    ops = dist.operators(BATCH)
+    names = ["lift"] + [f"layer {k}" for k in range(4)] + ["proj1", "proj2"]
+    for name, D in zip(names, ops):
+        print(f"{name:8} {str(D.in_sharding.spec):45} -> {D.out_sharding.spec}")
+    '''),
+    md("""
+    The lifting moves all three splits onto `y` (8 ways, 3 planes per device), the layout
+    the Fourier layers share. In a layer, the FFTs on `z` and `x` run locally and
+    keep 5 and 8 modes; one `all_to_all` moves the split from `y` onto the 8 kept modes of
+    `x`, one per device, so the FFT on `y` runs locally and the `PerModeMatrix` mixes the
+    channels of each device's mode; a second `all_to_all` takes the split back to `y`.
+    The spectral weight is split with its modes (the `spectral0` placement above), so each
+    device holds and updates an eighth of it, and its gradient needs no collective:
+    """),
+    code('''
+    print(ops[1].plan)
+    '''),
+    md("""
+    ## Memory per device
+
+    One training step (the loss and its gradient, `jax.jit(jax.value_and_grad(loss))`)
+    compiled for the serial model on 1 device and for the model distributed over 2, 4 and
+    8, at this notebook's size (24³, width 16, batch 4). It is compiled from shapes alone
+    (`jax.ShapeDtypeStruct`s with the shardings the model wants), so nothing runs.
+    `compiled.memory_analysis()` gives each device's arguments (the parameters and the
+    batch), outputs (the loss and the gradients) and temporaries (the intermediate values,
+    among them the activations kept for the backward pass). These are XLA:CPU's buffer
+    assignments for the forced host devices; a GPU compiler would give other numbers.
+    """),
+    code('''
+    loss = lambda m: lambda θ, a, u: relative_l2(m.apply(θ, a), u)
+
+    def step_memory(m, batch):
+        """Per-device bytes of one compiled training step of model m (arguments, outputs, temporaries)."""
+        shapes = jax.eval_shape(m.init, jax.random.key(0))   # the weights' shapes, placed as m.init places them
+        where = m.param_shardings(batch) if m.distributed else {}
+        θ_shape = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=where.get(k)) for k, v in shapes.items()}
+        a_shape = jax.ShapeDtypeStruct((batch, 1) + m.grid, jnp.float32, sharding=m.in_sharding if m.distributed else None)
+        compiled = jax.jit(jax.value_and_grad(loss(m))).lower(θ_shape, a_shape, a_shape).compile()
+        memory = compiled.memory_analysis()
+        return memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.temp_size_in_bytes
+
+    MiB = 2**20
+    print(f"{'P':>2} {'partition':16} {'arguments':>10} {'outputs':>8} {'temporaries':>12} {'total':>9}   total x P")
+    for P, partition in [(1, None), (2, (1, 1, 2, 1, 1)), (4, (1, 1, 2, 2, 1)), (8, (1, 1, 2, 2, 2))]:
+        m = model if partition is None else dist if P == 8 else model.distribute(partition)
+        sizes = step_memory(m, BATCH)
+        total = sum(sizes)
+        if P == 1:
+            serial = total
+        print(f"{P:2} {str(partition or 'serial'):16} {sizes[0] / MiB:8.2f} MiB {sizes[1] / MiB:5.2f} MiB "
+              f"{sizes[2] / MiB:9.1f} MiB {total / MiB:6.1f} MiB   {P * total / serial:.2f} x serial")
+    '''),
+    md("""
+    Each device's share falls as 1/P: the model splits the activations, which dominate, and
+    the spectral weights with them; only the small channel-mixing weights and biases are
+    copied on every device. The totals over all devices stay at the serial model's.
+    """),
+    md("""
+    ## Training
+
+    As in notebook 04: Adam, learning rate 1e-3 with cosine decay, the relative L2 loss of
+    the decoded prediction, here in batches of 4, each placed on the mesh by `place`.
+    """),
+    code('''
+    place = lambda batch: jax.device_put(batch, dist.in_sharding)
+    start = time.perf_counter()
+    θ, losses = fit(dist, θ, x_train, u_train, steps=STEPS, batch=BATCH, lr=1e-3, decode=u_norm.decode, place=place)
+    print(f"{STEPS} steps in {time.perf_counter() - start:.0f} s (compilation included);  "
+          f"mean loss of the last 10: {losses[-10:].mean():.4f}")
+
+    fig, ax = plt.subplots(figsize=(4.5, 2.5))
+    ax.plot(losses, lw=0.8)
+    ax.set(xlabel="step", ylabel="relative L2 loss", title="training loss (one batch per step)", ylim=(0, None))
+    fig.tight_layout()
+    plt.show()
+    '''),
+    md("""
+    ## Test error and one prediction
+
+    The relative L2 error over the 100 test samples. In the quick mode (20 steps, the
+    outputs saved with this notebook) the model has barely started to learn, and the
+    prediction below shows it.
+    """),
+    code('''
+    error = evaluate(dist, θ, x_test, u_test, batch=BATCH, decode=u_norm.decode, place=place)
+    print(f"relative L2 test error after {STEPS} steps: {error:.4f}")
+    '''),
+    code('''
+    prediction = np.asarray(u_norm.decode(jax.jit(dist.apply)(θ, place(x_test[:BATCH]))))[0, 0]
+    truth = np.asarray(u_test[0, 0])
+    scale = float(np.abs(prediction - truth).max())
+    fig, axes = plt.subplots(2, 3, figsize=(7, 4.4))
+    for row, (axis, cut) in enumerate([("x", cuts["x"]), ("z", cuts["z"])]):
+        panels = [("solution u", truth, "viridis", 0, truth.max()), ("prediction", prediction, "viridis", 0, truth.max()),
+                  ("error", prediction - truth, "RdBu_r", -scale, scale)]
+        for ax, (title, field, cmap, vmin, vmax) in zip(axes[row], panels):
+            image = ax.imshow(field[cut].T, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax)
+            ax.set_title(f"{title}, {axis} = 0.5")
+            ax.set_axis_off()
+            fig.colorbar(image, ax=ax, shrink=0.8)
+    sample_error = float(relative_l2(prediction[None], truth[None]))
+    fig.suptitle(f"test sample 0: relative L2 error {sample_error:.3f}")
+    fig.tight_layout()
+    plt.show()
+    '''),
+]
+
 NOTEBOOKS = {
     "01_operator_algebra": OPERATOR_ALGEBRA,
     "02_distributed_fft": DISTRIBUTED_FFT,
     "03_weight_sharing_and_reduce": WEIGHT_SHARING,
     "04_distributed_fno": DISTRIBUTED_FNO,
+    "05_fno_3d": FNO_3D,
 }
 
 

@@ -1,5 +1,5 @@
 """The tutorial notebooks run top to bottom, in a quick mode (20 FNO training steps),
-and the committed notebooks are the ones `notebooks/_build.py` writes.
+and the committed notebooks are the ones `notebooks/_build.py` writes (and stay small).
 
 Each notebook runs in a fresh kernel of *this* interpreter: the test writes a kernelspec
 for `sys.executable` into a temporary directory (nothing outside the `dev` extra, no
@@ -45,9 +45,10 @@ def kernel_manager(tmp_path_factory):
     return lambda: KernelManager(kernel_name=KERNEL, kernel_spec_manager=specs)
 
 
-def test_there_are_four_notebooks():
+def test_there_are_five_notebooks():
     assert [p.stem for p in NOTEBOOKS] == [
         "01_operator_algebra", "02_distributed_fft", "03_weight_sharing_and_reduce", "04_distributed_fno",
+        "05_fno_3d",
     ]
 
 
@@ -76,5 +77,7 @@ def test_committed_notebooks_match_the_build_script():
         assert got == [(c.cell_type, c.source) for c in want.cells], (
             f"{name}.ipynb differs from notebooks/_build.py: run `python notebooks/_build.py --execute {name[:2]}`"
         )
+        unrun = [i for i, c in enumerate(committed.cells) if c.cell_type == "code" and not c.get("execution_count")]
+        assert not unrun, f"{name}.ipynb is saved without outputs (code cells {unrun}): run it with --execute"
         size = (NOTEBOOK_DIR / f"{name}.ipynb").stat().st_size
         assert size < 300_000, f"{name}.ipynb is {size} bytes"
