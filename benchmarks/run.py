@@ -518,22 +518,29 @@ def _profile_apply(D, xs, run, calls: int = 2000) -> list[str]:
 
 def fno_groups(cfg: Config) -> list[Group]:
     """One jitted Adam step of the FNO: parop distributed vs parop serial vs the same FNO
-    in plain JAX (`benchmarks/plain_fno.py`), all from the same parameters and batch."""
+    in plain JAX (`benchmarks/plain_fno.py`), all from the same parameters and batch; in
+    2-D (the Darcy protocol's model) and in 3-D."""
+    configs = [  # (grid, width, modes, batch, partition)
+        ((16, 16), 16, (8, 8), 8, (1, 1, 2, 4)) if cfg.quick else ((32, 32), 32, (12, 12), 20, (1, 1, 2, 4)),
+        ((12, 12, 12), 8, (4, 4, 4), 2, (1, 1, 2, 2, 2)) if cfg.quick else ((24, 24, 24), 16, (8, 8, 8), 10, (1, 1, 2, 2, 2)),
+    ]
+    return [_fno_group(*config) for config in configs]
+
+
+def _fno_group(grid, width, modes, batch, partition) -> Group:
     import optax
 
     from benchmarks import plain_fno
     from parop.nn import FNO, relative_l2
     from parop.nn.train import as_real, make_step
 
-    batch, n, width = (8, 16, 16) if cfg.quick else (20, 32, 32)
-    partition = (1, 1, 2, 4)
-    model = FNO((n, n), width=width, modes=(12, 12) if not cfg.quick else (8, 8), layers=4)
+    model = FNO(grid, width=width, modes=modes, layers=4)
     dist = model.distribute(partition)
     θ = model.init(jax.random.key(0))
     θd = dist.init(jax.random.key(0))
     rng = np.random.default_rng(3)
-    a = rng.standard_normal((batch, 1, n, n), dtype=np.float32)
-    u = rng.standard_normal((batch, 1, n, n), dtype=np.float32)
+    a = rng.standard_normal((batch, 1) + grid, dtype=np.float32)
+    u = rng.standard_normal((batch, 1) + grid, dtype=np.float32)
     ad, ud = (jax.device_put(v, dist.in_sharding) for v in (a, u))
     optimizer = optax.adam(1e-3)
 
@@ -559,14 +566,14 @@ def fno_groups(cfg: Config) -> list[Group]:
 
     serial, distributed = parop_step(model, θ), parop_step(dist, θd)
     want = float(plain_loss(plain, a, u))
-    problem = f"FNO step: batch {batch}, {n}x{n}, width {width}, 4 layers"
+    problem = f"FNO step: batch {batch}, {'x'.join(map(str, grid))}, width {width}, modes {modes}, 4 layers"
     g = Group("d", problem, [
         Candidate(f"parop distributed {partition}", lambda: distributed(ad, ud)),
         Candidate("parop serial", lambda: serial(a, u)),
         Candidate("plain JAX FNO", lambda: plain_step(plain, plain_state, a, u)[2], note="yardstick"),
     ], lambda: np.float64(want), yardstick="plain JAX FNO", tol=1e-4)
     g.target(f"d {problem}: parop serial / plain JAX", "parop serial", "plain JAX FNO", "<=", 1.0)
-    return [g]
+    return g
 
 
 # -- case g: a large Matrix, sharded vs replicated weight ----------------------------------
