@@ -109,13 +109,23 @@ def _local(visit: Visit, x: jax.Array, weights: dict, scalars: tuple) -> jax.Arr
         x = times(c, x)
     else:
         key = _weight_key(visit)
-        w = None if key is None else weights[key]
+        w = None if key is None else _varying(weights[key], visit)
         x = _stencil(visit, w, x) if action.halo else step.leaf._forward(w, x, step.axes[0])
     if action.scatter:
         x = lax.psum_scatter(x, _names(action.psum), scatter_dimension=step.axes[0], tiled=True)
     elif action.psum:
         x = lax.psum(x, _names(action.psum))
     return x
+
+
+def _varying(w: jax.Array, visit: Visit) -> jax.Array:
+    """The weight `w` of a step, varying over the mesh axes the data varies over (the
+    layout's) where it does not hold a piece of its own: marked once, as a whole, so that
+    JAX's transpose sums its gradient in one `psum` however many pieces of it the step
+    uses (a stencil's taps, a complex kernel's real and imaginary parts), as the plan says."""
+    held = {n for axes in visit.action.weight_spec(visit.before) for n in axes}
+    missing = tuple(n for n in visit.before.varying if n not in held)
+    return lax.pcast(w, missing, to="varying") if missing else w
 
 
 def _stencil(visit: Visit, w, x: jax.Array) -> jax.Array:

@@ -138,6 +138,8 @@ class DistributedOperator(Operator):
         return ("DistributedOperator", self.op._key(), id(self.setup), self.adjoint)
 
     def _apply(self, θ, x, axis):
+        if x.size == 0:  # as in `apply` (here inside `D2 @ D1`, `c * D`, `D.T`, ...): the empty result
+            return (self.op.H if self.adjoint else self.op)._apply(θ, x, axis)
         return self._call(θ, x)
 
     def _adjoint(self) -> "DistributedOperator":
@@ -418,9 +420,10 @@ def _check_shardable(op: Operator, mesh: Mesh, where: str) -> None:
     sizes = sorted({n for n in mesh.shape.values() if n > 1})
     for step in _steps(op):
         if step.dense and not any(step.out_sizes[0] % n == 0 or step.in_sizes[0] % n == 0 for n in sizes):
+            over = f"over mesh axes of sizes {sizes}" if sizes else "as no mesh axis has more than one device"
             raise ValueError(
-                f"{where}: shard_weights=True, but {step.leaf!r} can be split neither by its {step.out_sizes[0]} "
-                f"rows nor by its {step.in_sizes[0]} columns over mesh axes of sizes {sizes}: use "
+                f"{where}: no plan exists with shard_weights=True: {step.leaf!r} can be split neither by its "
+                f"{step.out_sizes[0]} rows nor by its {step.in_sizes[0]} columns {over}: use "
                 "shard_weights='auto' (it may keep that weight whole) or other sizes")
 
 

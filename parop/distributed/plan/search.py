@@ -143,20 +143,22 @@ class Context:
             self._bytes[key] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
         return self._bytes[key]
 
-    def departure_bytes(self, done: int, axes: tuple[int, ...]) -> list[float]:
+    def departure_bytes(self, done: int, axes: tuple[int, ...], scope: int = -1) -> list[float]:
         """Lower bounds on the global bytes the tensor has at the first, second, ...
         departure (in time) from `axes`, each of which must come before the first pending
         step that needs its axis whole: the k-th comes when at most k-1 of them have gone,
-        so a step that needs any of the others (or follows one that does) cannot have run."""
-        key = ("departures", done, axes)
+        so a step that needs any of the others (or follows one that does) cannot have run.
+        Only the steps in `scope` (a mask: a chain's operator that runs now) count."""
+        key = ("departures", done, axes, scope)
         if key not in self._bytes:
             firsts = {}  # per axis: the steps its departure must precede
+            skip = done | ~scope
             for a in axes:
-                needs = self.needs[a] & ~done
+                needs = self.needs[a] & ~skip
                 first = (needs & -needs).bit_length() - 1
                 if not self.steps[first].terms:
                     firsts[a] = self.descendants[first] | 1 << first
-            pending = [j for j in range(len(self.steps)) if not done >> j & 1]
+            pending = [j for j in range(len(self.steps)) if not skip >> j & 1]
             # per pending step: the axes whose departure must precede it
             blocks = [(j, frozenset(a for a, cut in firsts.items() if cut >> j & 1)) for j in pending]
             now = math.prod(self.sizes(done)) * self.itemsize(done)
@@ -170,19 +172,21 @@ class Context:
             self._bytes[key] = sizes
         return self._bytes[key]
 
-    def arrival_bytes(self, done: int, axes: tuple[int, ...]) -> list[float]:
+    def arrival_bytes(self, done: int, axes: tuple[int, ...], scope: int = -1) -> list[float]:
         """Lower bounds on the global bytes the tensor has at the last, second last, ...
         arrival (in time) on `axes`, each of which comes after the last pending step that
         needs its axis whole: at the k-th from last, at least all but k-1 of them have
-        arrived, so their last needs and everything before them have run."""
-        key = ("arrivals", done, axes)
+        arrived, so their last needs and everything before them have run. Only the steps in
+        `scope` (a mask: a chain's operator that runs now) count."""
+        key = ("arrivals", done, axes, scope)
         if key not in self._bytes:
             musts = {}
+            skip = done | ~scope
             for a in axes:
-                needs = self.needs[a] & ~done
+                needs = self.needs[a] & ~skip
                 last = needs.bit_length() - 1
-                musts[a] = (self.ancestors[last] | self.whole(last)) & ~done if needs else 0
-            pending = [j for j in range(len(self.steps)) if not done >> j & 1]
+                musts[a] = (self.ancestors[last] | self.whole(last)) & ~skip if needs else 0
+            pending = [j for j in range(len(self.steps)) if not skip >> j & 1]
             now = math.prod(self.sizes(done)) * self.itemsize(done)
             sizes = []
             for k in range(len(axes)):
@@ -544,6 +548,7 @@ class Search:
                 psum += layout[a]
             if role is Role.HALO and layout[a]:
                 halo += (a,)
+        halo = tuple(a for a in halo if Local(step).halo_width(a) > 0)  # a kernel 1 wide: no neighbours
         action = Local(step, psum=psum, halo=halo)
         if all(action.halo_width(a) <= here.blocks[a] for a in halo):  # the neighbours hold the planes
             yield action
@@ -603,12 +608,13 @@ class Search:
                        for t in range(k + 1, len(parent.steps[j].terms)))
             if top and k > 0:  # the program goes on from the known exit
                 rest += self.chain_line(parent, after, exit_, goal)
-            elif top:  # term 0's exit is where the program goes on: the chain's later operators
-                rest += self.later(parent, after, lay, goal)
             self._frame_bounds[fr] = rest
+        if top and k == 0:  # term 0's exit is where the program goes on: the chain's later operators
+            # (from the mesh axes in use now, not cached with the frame; the sum may still psum)
+            rest += self.later(parent, after & ~(1 << j), lay, goal)
         if k > 0:
             return self.line(ctx, done, lay, ends) + rest
-        last = top and parent.segment(after) == len(parent.segments) - 1
+        last = top and after == parent.full  # the sum ends the program: its exit is the output
         return self.line(ctx, done, lay, goal if last else None) + rest
 
     def chain_line(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
@@ -715,23 +721,37 @@ class Search:
             carried = _matching(carries)
             arrivals = [b for b in arrivals if b not in carried]
         total = 0.0
+        dense = False  # whether a dense Matrix's collective (which may be a psum) is counted
         if self.cost.training and any(layout) and not ctx.reduces & pending:
             if ctx.dense & pending and not any(ctx.psums[a] & pending for a in departures):
                 total += self.cost.latency_bytes
+                dense = True
             parked = [a for a, axes in enumerate(layout) if axes and a not in departures]
-            if any(pending >> j & 1 and any(a not in along for a in parked) for j, along in ctx.pointwise):
+            # a mesh axis the goal wants on an axis the weight runs along may arrive there before
+            # the weight's step (if no step needing that axis whole must follow it): that move is
+            # an arrival's, counted below
+            wanted = {m: b for b, want in enumerate(goal.prefixes) for m in want} if (
+                goal is not None and goal.prefixes is not None) else {}
+
+            def arrives(j, along, a):
+                return any(wanted.get(m) in along and not ctx.needs[wanted[m]] & pending & ctx.descendants[j]
+                           for m in layout[a])
+
+            if any(pending >> j & 1 and any(a not in along and not arrives(j, along, a) for a in parked)
+                   for j, along in ctx.pointwise):
                 total += self.cost.latency_bytes
         if departures or arrivals:
             ways = 2 if self.cost.training else 1
             latency = self.cost.latency_bytes
             psums = any(ctx.psums[a] & pending for a in range(len(layout)))
             moving = tuple(sorted(a for a in departures if not ctx.psums[a] & pending))
-            total += latency * (len(departures) - len(moving))  # summed away
+            summed = len(departures) - len(moving)
+            total += latency * summed  # summed away
             if moving:
                 smallest = min(mesh[n] for a in moving for n in layout[a])
                 carried = (smallest - 1) / smallest / self.devices
                 needy = tuple(a for a in moving if ctx.needs[a] & pending)
-                sizes = ctx.departure_bytes(done | ~scope, needy) if needy else []
+                sizes = ctx.departure_bytes(done, needy, scope) if needy else []
                 least = ctx.least_bytes(done)
                 sizes = sizes + [least] * (len(moving) - len(needy))
                 total += sum(ways * (latency + size * carried) for size in sizes)
@@ -749,11 +769,15 @@ class Search:
                 smallest = min(mesh[n] for b in moved for n in goal.prefixes[b])
                 carried = (smallest - 1) / smallest / self.devices
                 needy = tuple(b for b in moved if ctx.needs[b] & pending)
-                sizes = ctx.arrival_bytes(done | ~scope, needy) if needy else []
+                sizes = ctx.arrival_bytes(done, needy, scope) if needy else []
                 sizes = sizes + [ctx.least_bytes(done)] * (len(moved) - len(needy))
-                for size in sizes:
-                    cost = ways * (latency + size * carried)
-                    total += min(cost, latency + split) if psums else cost
+                costs = [ways * (latency + size * carried) for size in sizes]
+                if psums:  # or summed away by a psum, then split back: one psum may free them all,
+                    # and it may be the dense Matrix's collective or a departure's psum counted above
+                    shared = 0.0 if dense or summed else latency
+                    total += min(sum(costs), shared + sum(min(c, split) for c in costs))
+                else:
+                    total += sum(costs)
         self._lines[key] = total
         return total
 

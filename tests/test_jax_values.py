@@ -1,0 +1,493 @@
+"""Operators as JAX values (issue A), each item with the calls the issue quotes.
+
+1. An operator is a pytree with static structure: `jax.jit(lambda A, x: A @ x)(F, x)`
+   works, an equal rebuild does not retrace; equality and hash are structural, and
+   unnamed parametric leaves get fresh names.
+2. `A(θ)` (a `Bound`) is a pytree whose leaves are θ's arrays: through `jit`, `grad`
+   (the gradient is a `Bound`), `vmap` (a batch of weights) and `jax.tree.map`.
+3. Traced scalars: `c * A` with `c` a JAX scalar under `jit` and `grad`, `A.H`
+   conjugates it, and a distributed program takes it as an input (no recompile).
+4. Distributed operators take what serial ones take (unnamed batch axes, flat input,
+   `to_dense`, the dot test) and combine (`D2 @ D1`, `D1 + D2`, `2 * D`, `c * D`);
+   mixing them with serial operators or `kron` is a `TypeError`; `repr(D)` never plans.
+5. `A.T` is the transpose: the dense transpose for complex-linear operators, JAX's
+   `linear_transpose` for real-DFT ones, `A.T.T is A`, the bilinear dot test on random
+   trees in all four dtypes, and `D.T` for a distributed `D`.
+
+References are NumPy in float64/complex128 (or `reference.dense`, built from NumPy),
+never parop's own apply code.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import parop as po
+from parop.distributed.operator import _call
+from reference import DTYPES, dense, random_array, random_params, random_tree
+
+RNG = np.random.default_rng
+
+
+def close(got, want, rtol=1e-12):
+    """`got == want` to `rtol` of `want`'s largest entry (float64/complex128 data)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(1.0, float(np.abs(want).max(initial=0))))
+
+
+def fft2_matrix(n: int) -> np.ndarray:
+    return np.fft.fft(np.eye(n), axis=0)
+
+
+# -- 1. operators are pytrees with static structure ------------------------------------------------
+
+def test_jit_takes_an_operator_and_an_equal_rebuild_does_not_retrace():
+    """`jax.jit(lambda A, x: A @ x)(F, x)` with the issue's `F` on a (16, 16) tensor and on
+    flat input equals NumPy's `fft2`; an equal rebuild of `F` hits the same trace, a
+    different operator (another `norm`) traces anew."""
+    traces = []
+
+    @jax.jit
+    def apply(A, x):
+        traces.append(A)
+        return A @ x
+
+    F = po.kron(po.DFT(16), po.DFT(16))
+    x = jnp.asarray(random_array(RNG(0), (16, 16), np.complex64))
+    want = np.fft.fft2(np.asarray(x, np.complex128))
+    close(apply(F, x), want, 1e-5)
+    assert apply(F, x).dtype == np.complex64
+    close(apply(po.kron(po.DFT(16), po.DFT(16)), x), want, 1e-5)
+    close(apply(po.kron(po.DFT(16), po.DFT(16)), x), want, 1e-5)
+    assert len(traces) == 1  # two equal rebuilds: one trace
+    close(apply(F, x.reshape(256)), want.reshape(256), 1e-5)  # flat input: a new shape, a new trace
+    close(apply(po.kron(po.DFT(16), po.DFT(16)), x.reshape(256)), want.reshape(256), 1e-5)
+    assert len(traces) == 2
+    close(apply(po.kron(po.DFT(16, norm="ortho"), po.DFT(16)), x), want / 4, 1e-5)
+    assert len(traces) == 3  # a different operator is different static structure
+    assert jax.tree.leaves(F) == []  # no arrays: the structure is all static
+
+
+def _built_twice():
+    """Pairs of operators built the same way from the same leaves (names, sizes, dtypes,
+    options)."""
+    def spectral():
+        R = po.Restriction(16, [slice(0, 3), slice(-3, None)], "complex128")
+        return (po.kron(po.DFT(16, "complex128").inverse() @ R.H, po.Identity(4, "complex128"))
+                @ po.kron(po.Diagonal(6, "complex128", name="d"), po.Matrix(4, 4, "float64", name="w"))
+                @ po.kron(R @ po.DFT(16, "complex128"), po.Identity(4, "complex128")))
+
+    return [
+        lambda: po.kron(po.DFT(16), po.DFT(16)),
+        lambda: po.Matrix(3, 4, name="w"),
+        lambda: po.DFT(10, "float32", "ortho"),
+        lambda: po.Restriction(8, [0, 2, -1]),
+        lambda: po.PerModeMatrix(4, 3, (6, 5), name="pm"),
+        lambda: po.Convolution(2, 3, (3,), (8,), "zero", name="conv"),
+        lambda: po.Stencil([1.0, -2.0, 1.0], (8,)),
+        spectral,
+        lambda: 2.5 * spectral() - spectral().H.H,
+        lambda: spectral().H,
+        lambda: spectral().T,
+        lambda: (1 + 1j) * po.DFT(8, "float32"),
+    ]
+
+
+@pytest.mark.parametrize("i", range(len(_built_twice())))
+def test_operators_built_the_same_way_are_equal_and_hash_alike(i):
+    build = _built_twice()[i]
+    a, b = build(), build()
+    assert a is not b and a == b and hash(a) == hash(b)
+    assert {a: "found"}[b] == "found"
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+
+
+@pytest.mark.parametrize("a, b", [
+    (lambda: po.Matrix(3, 3, name="a"), lambda: po.Matrix(3, 3, name="b")),  # names
+    (lambda: po.Diagonal(4, name="a"), lambda: po.Diagonal(4, name="b")),
+    (lambda: po.kron(po.Matrix(3, 3, name="a"), po.DFT(4)), lambda: po.kron(po.Matrix(3, 3, name="b"), po.DFT(4))),
+    (lambda: po.DFT(16), lambda: po.DFT(8)),  # sizes
+    (lambda: po.Matrix(3, 4, name="w"), lambda: po.Matrix(4, 3, name="w")),
+    (lambda: po.DFT(8), lambda: po.DFT(8, "complex128")),  # dtypes
+    (lambda: po.Identity(8), lambda: po.Identity(8, "float64")),
+    (lambda: po.DFT(8), lambda: po.DFT(8, norm="ortho")),  # options
+    (lambda: po.Restriction(8, [0, 1]), lambda: po.Restriction(8, [0, 2])),
+    (lambda: po.Convolution(1, 1, (3,), (8,), "zero", name="c"),
+     lambda: po.Convolution(1, 1, (3,), (8,), "periodic", name="c")),
+    (lambda: 2.0 * po.DFT(8), lambda: 3.0 * po.DFT(8)),  # scalars
+    (lambda: po.DFT(8), lambda: po.DFT(8).H),
+    (lambda: po.DFT(8) @ po.DFT(8).H, lambda: po.DFT(8).H @ po.DFT(8)),  # order
+])
+def test_different_leaves_make_different_operators(a, b):
+    assert a() != b()
+    assert len({a(), b()}) == 2
+
+
+def test_unnamed_parametric_leaves_get_fresh_names():
+    """Two `po.Matrix(3, 3)` are two weights: different names, unequal, two entries of θ."""
+    a, b = po.Matrix(3, 3), po.Matrix(3, 3)
+    assert re.fullmatch(r"Matrix_\d+", a.name) and re.fullmatch(r"Matrix_\d+", b.name)
+    assert a.name != b.name and a != b
+    assert set(po.init(a @ b, jax.random.key(0))) == {a.name, b.name}
+    d, e = po.Diagonal(3), po.Diagonal(3)
+    assert d.name != e.name and d != e
+    assert po.Identity(3) == po.Identity(3)  # no parameter: nothing to name
+
+
+# -- 2. A(θ) is a pytree of θ's arrays ---------------------------------------------------------------
+
+def _weighted():
+    """`kron(M, diag(d))` on (4, 5) in float64, its parameters and an input, plus NumPy
+    for its action."""
+    A = po.kron(po.Matrix(3, 4, "float64", name="m"), po.Diagonal(5, "float64", name="d"))
+    θ = random_params(A, 1)
+    x = random_array(RNG(2), (4, 5), np.float64)
+    return A, θ, x
+
+
+def np_apply(θ, x):
+    return np.einsum("ik,j,kj->ij", np.asarray(θ["m"]), np.asarray(θ["d"]), x)
+
+
+def test_a_bound_operator_is_a_pytree_of_the_weights():
+    A, θ, x = _weighted()
+    B = A(θ)
+    leaves = jax.tree.leaves(B)
+    assert len(leaves) == 2 and {id(v) for v in leaves} == {id(v) for v in θ.values()}
+    rebuilt = jax.tree.unflatten(jax.tree.structure(B), leaves)
+    assert isinstance(rebuilt, po.Bound) and rebuilt.operator == A and rebuilt.params == θ
+    doubled = jax.tree.map(lambda w: 2 * w, B)
+    assert isinstance(doubled, po.Bound) and doubled.operator == A
+    close(doubled @ x, 4 * np_apply(θ, x))  # both factors doubled
+    close(jax.jit(lambda B, x: B @ x)(B, x), np_apply(θ, x))
+    close(jax.jit(lambda B, y: B.H @ y)(B, np_apply(θ, x)),
+          np.einsum("ik,j,ij->kj", np.asarray(θ["m"]), np.asarray(θ["d"]), np_apply(θ, x)))
+
+
+def test_the_gradient_of_a_bound_operator_is_a_bound_of_the_weight_gradients():
+    """`jax.grad` of `0.5 |B @ x - t|²` in `B = A(θ)`: a `Bound` of the same structure
+    whose leaves are the analytic gradients `r (d x)ᵀ` and `Σ r ⊙ (M x)`."""
+    A, θ, x = _weighted()
+    t = random_array(RNG(3), (3, 5), np.float64)
+    g = jax.grad(lambda B: 0.5 * jnp.sum((B @ x - t) ** 2))(A(θ))
+    assert isinstance(g, po.Bound) and g.operator == A
+    assert jax.tree.structure(g) == jax.tree.structure(A(θ))
+    M, d = np.asarray(θ["m"]), np.asarray(θ["d"])
+    r = np_apply(θ, x) - t
+    close(g.params["m"], np.einsum("ij,j,kj->ik", r, d, x))
+    close(g.params["d"], np.einsum("ij,ik,kj->j", r, M, x))
+
+
+def test_vmap_over_a_batch_of_weights():
+    A, θ, x = _weighted()
+    θs = [random_params(A, s) for s in (4, 5, 6)]
+    batch = jax.tree.map(lambda *w: jnp.stack(w), *θs)
+    y = jax.vmap(lambda B: B @ x)(A(batch))
+    assert y.shape == (3, 3, 5)
+    for k, θk in enumerate(θs):
+        close(y[k], np_apply(θk, x))
+    y = jax.jit(jax.vmap(lambda B, x: B @ x, in_axes=(0, None)))(A(batch), x)
+    close(y[1], np_apply(θs[1], x))
+
+
+# -- 3. traced scalars ---------------------------------------------------------------------------------
+
+REAL_A = po.kron(po.Matrix(3, 4, "float64", name="m"), po.Diagonal(5, "float64", name="d"))
+
+
+@pytest.mark.parametrize("make_c", [lambda v: jnp.float64(v), lambda v: jnp.asarray(v, jnp.float64),
+                                    lambda v: jnp.asarray(v)], ids=["scalar", "0-d array", "weak 0-d array"])
+def test_a_traced_scalar_under_jit_does_not_retrace_per_value(make_c):
+    A, θ, x = REAL_A, random_params(REAL_A, 1), random_array(RNG(2), (4, 5), np.float64)
+    traces = []
+
+    @jax.jit
+    def apply(c, θ, x):
+        traces.append(c)
+        return (c * A)(θ) @ x
+
+    for v in (2.5, -0.75, 4.0):
+        close(apply(make_c(v), θ, x), v * np_apply(θ, x))
+    assert len(traces) == 1
+    S = make_c(2.5) * A
+    assert jax.tree.leaves(S) == [S.c] and isinstance(S.c, jax.Array)
+    assert len(jax.tree.leaves(S(θ))) == 3  # the scalar and the two weights
+
+
+def test_the_gradient_in_a_traced_scalar():
+    """d/dc of `Σ sin((c A)(θ) @ x)`: analytic `Σ y cos(c y)`, central finite differences
+    in float64, and through `jit`; and the gradient with respect to the operator itself
+    is an operator-shaped pytree whose leaf is that derivative."""
+    A, θ, x = REAL_A, random_params(REAL_A, 1), random_array(RNG(2), (4, 5), np.float64)
+    y = np_apply(θ, x)
+    f = lambda c: jnp.sum(jnp.sin((c * A)(θ) @ x))  # noqa: E731
+    c = jnp.float64(0.7)
+    analytic = float(np.sum(y * np.cos(0.7 * y)))
+    h = 1e-6
+    fd = (float(f(jnp.float64(0.7 + h))) - float(f(jnp.float64(0.7 - h)))) / (2 * h)
+    assert abs(float(jax.grad(f)(c)) - analytic) < 1e-12 * max(1, abs(analytic))
+    assert abs(float(jax.jit(jax.grad(f))(c)) - analytic) < 1e-12 * max(1, abs(analytic))
+    assert abs(fd - analytic) < 1e-6 * max(1, abs(analytic))
+    g = jax.grad(lambda S: jnp.sum(jnp.sin(S(θ) @ x)))(c * A)
+    assert isinstance(g, po.Scale) and g.op == A
+    assert abs(float(g.c) - analytic) < 1e-12 * max(1, abs(analytic))
+
+
+def test_a_complex_traced_scalar_is_conjugated_by_the_adjoint():
+    """`(c * F).H @ y == conj(c) · n · ifft(y)` for a complex `c`, under `jit`; the dot
+    test holds; and for a real DFT the adjoint is `Re(Mᴴ conj(c) y)` with the real
+    inner product."""
+    F = po.DFT(8, "complex128")
+    y = random_array(RNG(4), (8,), np.complex128)
+    for c in (jnp.complex128(1 + 2j), jnp.asarray(-0.5 + 0.25j, jnp.complex128)):
+        want = np.conj(complex(c)) * 8 * np.fft.ifft(y)
+        close((c * F).H @ y, want)
+        close(jax.jit(lambda c, y: (c * F).H @ y)(c, y), want)
+        assert po.testing.dot_test(c * F) < 1e-14
+    rF = po.DFT(8, "float64")
+    M = np.fft.rfft(np.eye(8), axis=0)
+    z = random_array(RNG(5), (5,), np.complex128)
+    c = jnp.complex128(0.3 - 1.1j)
+    S = c * rF
+    assert (S.dtype, S.range_dtype) == (np.float64, np.complex128)
+    assert (S.H.dtype, S.H.range_dtype) == (np.complex128, np.float64)
+    close(jax.jit(lambda c, z: (c * rF).H @ z)(c, z), (M.conj().T @ (np.conj(complex(c)) * z)).real)
+    assert po.testing.dot_test(S) < 1e-14
+
+
+def test_a_distributed_program_takes_the_scalar_as_an_input():
+    """`D = po.distribute(c * A, p)` with a new value of `c` (the same operator structure,
+    `jax.tree.map` on `D`) runs the same compiled program (the jitted call's cache does
+    not grow) and gives the new answer; so does `jax.jit` over `D`, and `jax.grad` in
+    `D`'s scalar equals the serial one."""
+    A = po.kron(po.DFT(8, "complex128"), po.Matrix(4, 4, "float64", name="m"))
+    θ = random_params(A, 7)
+    x = random_array(RNG(8), (8, 4), np.complex128)
+    ref = np.fft.fft(np.einsum("ik,jk->ji", np.asarray(θ["m"]), x), axis=0)  # DFT on axis 0, M on axis 1
+    D = po.distribute(jnp.asarray(2.0) * A, (2, 1))
+    close(D(θ) @ x, 2.0 * ref)
+    compiled = _call._cache_size()
+    for v in (3.0, -1.5):
+        Dv = jax.tree.map(lambda _: jnp.asarray(v), D)
+        assert isinstance(Dv, po.DistributedOperator) and Dv.setup is D.setup
+        close(Dv(θ) @ x, v * ref)
+    assert _call._cache_size() == compiled
+    traces = []
+
+    @jax.jit
+    def step(D, x):
+        traces.append(D)
+        return D(θ) @ x
+
+    for v in (0.5, 4.0):
+        close(step(jax.tree.map(lambda _: jnp.asarray(v), D), x), v * ref)
+    assert len(traces) == 1
+    t = jnp.asarray(random_array(RNG(9), (8, 4), np.complex128))
+    loss = lambda S: jnp.sum(jnp.abs(S(θ) @ x - t) ** 2)  # noqa: E731
+    g, g_serial = jax.grad(loss)(D), jax.grad(loss)(jnp.asarray(2.0) * A)
+    assert isinstance(g, po.DistributedOperator)
+    close(jax.tree.leaves(g)[0], jax.tree.leaves(g_serial)[0])
+    r = 2.0 * ref - np.asarray(t)  # d/dc |c y - t|² = 2 Re <y, c y - t>
+    close(jax.tree.leaves(g)[0], 2 * np.real(np.vdot(ref, r)))
+
+
+# -- 4. distributed operators take what serial ones take ---------------------------------------------
+
+def _spectral_mix():
+    """(8, 4) -> (8, 4): a DFT on axis 0, a trainable matrix on axis 1 (complex128)."""
+    return po.kron(po.DFT(8, "complex128"), po.Matrix(4, 4, "complex128", name="w"))
+
+
+def test_distributed_input_like_serial_input():
+    """A trailing batch axis the partition does not name (replicated, planned once per
+    batch shape), flat `(N,)` and `(N, b)` input; `to_dense(D) == to_dense(op)`; the dot
+    test."""
+    op = _spectral_mix()
+    θ = random_params(op, 3)
+    D = po.distribute(op, (2, 1))
+    assert list(D.setup.plans) == [((), False)]
+    x = random_array(RNG(10), (8, 4, 3), np.complex128)
+    W = np.asarray(θ["w"])
+    want = np.fft.fft(np.einsum("ik,jkb->jib", W, x), axis=0)
+    y = D(θ) @ x
+    close(y, want)
+    assert y.sharding.is_equivalent_to(NamedSharding(D.mesh, P("d0", None, None)), 3)  # batch: replicated
+    close(D(θ) @ x, want)
+    close(D(θ) @ x[..., :2], want[..., :2])
+    assert list(D.setup.plans) == [((), False), ((3,), False), ((2,), False)]  # once per batch shape
+    close(D(θ) @ x[..., 0].reshape(32), want[..., 0].reshape(32))  # flat (N,)
+    close(D(θ) @ x.reshape(32, 3), want.reshape(32, 3))  # flat (N, b)
+    dense_d = np.asarray(po.to_dense(D, θ))
+    close(dense_d, po.to_dense(op, θ))
+    close(dense_d, np.kron(fft2_matrix(8), W))
+    assert po.testing.dot_test(D, θ) < 1e-14
+
+
+def test_combinations_of_distributed_operators_equal_their_serial_counterparts():
+    """`D2 @ D1` in one `jit` (D1 hands `D1.out_sharding` to D2: no collective beyond
+    their plans'), `D1 + D2`, `2 * D`, `c * D` with a traced `c`."""
+    op1 = po.kron(po.DFT(8, "complex128"), po.Identity(4, "complex128"))
+    op2 = po.kron(po.Identity(8, "complex128"), po.DFT(4, "complex128"))
+    D1, D2 = po.distribute(op1, (2, 1)), po.distribute(op2, (2, 1))
+    assert D1.out_sharding == D2.in_sharding
+    x = jnp.asarray(random_array(RNG(11), (8, 4), np.complex128))
+    xs = np.asarray(x)
+    run = jax.jit(lambda x: (D2 @ D1) @ x)
+    y = run(x)
+    close(y, np.fft.fft2(xs))
+    close(y, (op2 @ op1) @ x)
+    assert y.sharding.is_equivalent_to(D2.out_sharding, 2)
+    text = run.lower(x).compile().as_text()
+    planned = D1.plan.collectives()["all_to_all"] + D2.plan.collectives()["all_to_all"]
+    assert text.count("all-to-all(") == planned
+    assert text.count("all-gather(") == 0 and text.count("collective-permute(") == 0
+    close((D1 + D2) @ x, np.fft.fft(xs, axis=0) + np.fft.fft(xs, axis=1))
+    close((D1 + D2) @ x, (op1 + op2) @ x)
+    close((2 * D1) @ x, 2 * np.fft.fft(xs, axis=0))
+    close((D1 - D2) @ x, (op1 - op2) @ x)
+    scaled = jax.jit(lambda c, x: (c * D1) @ x)
+    for c in (1.5 - 0.5j, -2.0 + 1j):
+        close(scaled(jnp.complex128(c), x), c * np.fft.fft(xs, axis=0))
+        close(scaled(jnp.complex128(c), x), (jnp.complex128(c) * op1) @ x)
+    assert (2 * D1).distributed and (D1 + D2).distributed and (D2 @ D1).distributed
+
+
+def test_mixing_distributed_and_serial_is_a_type_error_when_built():
+    op = po.kron(po.DFT(8), po.Identity(4, "complex64"))
+    D = po.distribute(op, (2, 1))
+    with pytest.raises(TypeError, match=r"^kron of a distributed operator \(distribute\(DFT\(8\) ⊗ I\(4\), "
+                                        r"P\('d0', None\)\), I\(2\)\): .*po.distribute\(po.kron\(A, B\), \.\.\.\)$"):
+        po.kron(D, po.Identity(2))
+    with pytest.raises(TypeError, match="kron of a distributed operator"):
+        po.kron(po.Identity(2), D)
+    for build, sign in [(lambda: D @ op, "@"), (lambda: op @ D, "@"), (lambda: D + op, r"\+"), (lambda: op + D, r"\+"),
+                        (lambda: D - op, r"\+")]:
+        with pytest.raises(TypeError, match=rf"^{sign} of a distributed and a serial operator .*distribute the "
+                                            "serial one too"):
+            build()
+
+
+def test_repr_never_plans_and_never_raises():
+    """For a partition that names a batch axis, `repr`, `str`, the HTML and `po.tree`
+    leave `D.setup.plans` empty; and a `D` that has no plan at all (shard_weights=True
+    and no tensor-parallel form fits) still shows itself."""
+    D = po.distribute(po.kron(po.Matrix(4, 4, name="w"), po.Identity(8)), (1, 2, 2))
+    shown = [repr(D), str(D), D._repr_html_(), po.tree(D), repr(D.H), repr(D.T), repr(2 * D + D), repr(D(None))]
+    assert shown[0] == "distribute(Matrix(4×4 'w') ⊗ I(8), P(None, 'd1', 'd2'))"
+    assert repr(D.H) == shown[0] + ".H"
+    assert not D.setup.plans
+    bad = po.distribute(po.kron(po.Matrix(4, 4, name="q"), po.Identity(8)), (1, 8, 1), shard_weights=True)
+    assert repr(bad) == "distribute(Matrix(4×4 'q') ⊗ I(8), P(None, 'd1', None))"
+    assert str(bad) and bad._repr_html_() and po.tree(bad)
+    with pytest.raises(ValueError, match="no plan exists"):
+        bad.plan
+
+
+# -- 5. the transpose -------------------------------------------------------------------------------------
+
+def test_transpose_is_the_dense_transpose_of_complex_linear_operators():
+    for seed in range(4):
+        rng = RNG(200 + seed)
+        shape = tuple(int(n) for n in rng.integers(1, 5, size=int(rng.integers(1, 3))))
+        A = random_tree(rng, shape, "complex128", depth=2)
+        θ = random_params(A, seed)
+        M = np.asarray(dense(A, θ))
+        close(po.to_dense(A.T, θ), M.T)
+        close(po.to_dense(A.T.H, θ), M.conj())  # (A.T).H is the elementwise conjugate
+        assert A.T.T is A and A.T.shape == A.shape[::-1]
+        assert (A.T.dtype, A.T.range_dtype) == (A.range_dtype, A.dtype)
+    c = jnp.complex128(0.5 + 2j)
+    close(po.to_dense((c * po.DFT(6, "complex128")).T), complex(c) * fft2_matrix(6).T)
+
+
+REAL_DFTS = {
+    "rDFT": lambda: po.DFT(8, "float64"),
+    "rDFT.H": lambda: po.DFT(8, "float64").H,
+    "irDFT": lambda: po.DFT(8, "float64").inverse(),
+    "2j·rDFT": lambda: 2j * po.DFT(8, "float64"),
+    "kron": lambda: po.kron(po.DFT(6, "complex128"), po.DFT(8, "float64", "ortho")),
+    "(F + 1j F).H": lambda: (po.DFT(8, "float64") + 1j * po.DFT(8, "float64")).H,
+    "traced c": lambda: jnp.complex128(1 - 3j) * po.DFT(8, "float64"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_DFTS))
+def test_transpose_of_real_dft_operators_is_jax_linear_transpose(name):
+    """For a real-linear operator `A.T @ y` is what `jax.linear_transpose` gives, of
+    parop's own map and of a NumPy dense reference map (`x -> M x` for a real domain,
+    `y -> Re(M y)` for a real range)."""
+    A = REAL_DFTS[name]()
+    x = jnp.asarray(random_array(RNG(12), A.domain_shape, A.dtype))
+    y = jnp.asarray(random_array(RNG(13), A.range_shape, A.range_dtype))
+    got = A.T @ y
+    (by_jax,) = jax.linear_transpose(lambda v: A @ v, x)(y)
+    M = jnp.asarray(dense(A))
+
+    def reference(v):
+        out = (M @ v.reshape(-1).astype(jnp.complex128)).reshape(A.range_shape)
+        return out if jnp.iscomplexobj(y) else out.real
+
+    (by_dense,) = jax.linear_transpose(reference, x)(y)
+    assert got.dtype == by_jax.dtype == A.dtype and got.shape == A.domain_shape
+    close(got, by_jax)
+    close(got, by_dense)
+    assert A.T.T is A
+    close(jax.jit(lambda A, y: A.T @ y)(A, y), by_jax)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_the_transpose_dot_test_on_random_trees(seed):
+    """`sum(A x * y) == sum(x * A.T y)` (the bilinear pairing, real parts where the
+    domain or range is real) for random trees in all four dtypes, real trees with
+    complex scalars included: to 100 ulps of the sums of the terms' magnitudes."""
+    rng = RNG(300 + seed)
+    dtype = DTYPES[seed % 4]
+    shape = tuple(int(n) for n in rng.integers(1, 6, size=int(rng.integers(1, 4))))
+    A = random_tree(rng, shape, dtype, depth=3)
+    θ = random_params(A, seed)
+    x = jnp.asarray(random_array(rng, A.domain_shape, A.dtype))
+    y = jnp.asarray(random_array(rng, A.range_shape, A.range_dtype))
+    lhs, rhs, lhs_size, rhs_size = (complex(v) for v in _pairings(A, θ, x, y))
+    if not (np.issubdtype(A.dtype, np.complexfloating) and np.issubdtype(A.range_dtype, np.complexfloating)):
+        lhs, rhs = lhs.real, rhs.real
+    eps = float(np.finfo(dtype).eps)
+    assert abs(lhs - rhs) <= 100 * eps * max(lhs_size.real, rhs_size.real), (A, lhs, rhs)
+    assert A.T.T is A
+
+
+@jax.jit
+def _pairings(A, θ, x, y):
+    """`sum(A x * y)`, `sum(x * A.T y)` and the sums of their terms' magnitudes, summed in
+    float64."""
+    wide = lambda a: a.astype(np.promote_types(a.dtype, np.float64))  # noqa: E731
+    ax, aty, x, y = wide(A(θ) @ x), wide(A.T(θ) @ y), wide(x), wide(y)
+    return (jnp.sum(ax * y), jnp.sum(x * aty), jnp.sum(jnp.abs(ax) * jnp.abs(y)),
+            jnp.sum(jnp.abs(x) * jnp.abs(aty)))
+
+
+def test_distributed_transpose():
+    """`D.T @ y == A.T @ y == M.T y` for a distributed complex operator and a real-DFT
+    one; `D.T.T is D`; the plan of `D.T` is `D.H`'s (no new plan)."""
+    A = _spectral_mix()
+    θ = random_params(A, 5)
+    D = po.distribute(A, (2, 2))
+    y = random_array(RNG(14), (8, 4), np.complex128)
+    want = np.kron(fft2_matrix(8), np.asarray(θ["w"])).T @ y.reshape(32)
+    close(D.T(θ) @ y, want.reshape(8, 4))
+    close(D.T(θ) @ y, A.T(θ) @ y)
+    assert D.T.T is D and D.T.distributed
+    assert set(D.setup.plans) == {((), False), ((), True)}
+    R = po.kron(po.DFT(8, "complex128"), po.DFT(8, "float64"))
+    DR = po.distribute(R, (2, 1))
+    z = jnp.asarray(random_array(RNG(15), R.range_shape, np.complex128))
+    x = jnp.zeros(R.domain_shape, np.float64)
+    (by_jax,) = jax.linear_transpose(lambda v: R @ v, x)(z)
+    close(DR.T @ z, by_jax)
+    assert (DR.T @ z).dtype == np.float64
