@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""parop's benchmarks (issue 5): one entry point for all cases.
+"""parop's benchmarks: one entry point for all cases.
 
     python benchmarks/run.py [--quick] [--gpu] [--out PATH] [--json PATH]
 

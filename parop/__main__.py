@@ -1,5 +1,5 @@
-"""`python -m parop`: a demo that checks itself. The serial 3-D DFT of the design's
-seed example against NumPy, then a distributed 3-D FFT on 8 (forced CPU) devices:
+"""`python -m parop`: a demo that checks itself. A serial real 3-D DFT (the README's
+first example) against NumPy, then a distributed 3-D FFT on 8 (forced CPU) devices:
 the plan, the check against NumPy, and its time next to `jit(jnp.fft.fftn)` on the
 same sharded input."""
 

@@ -148,7 +148,7 @@ def run_fft() -> dict:
     xr = global_array((n, n, 2 * n), np.float64, SEED + 1)
     R = po.kron(po.DFT(n, "complex128"), po.DFT(n, "complex128"), po.DFT(2 * n, "float64"))
     # (the last axis shrinks to n + 1 = 17, which a split of 2 does not divide, so the
-    # (2, 2, 2) case asks the planner for an output layout: see the report on issue 6)
+    # (2, 2, 2) case lets the planner choose the output layout: out_partition="auto")
     for partition, out in [((2, 2, 2), "auto"), ((8, 1, 1), None), ((2, 4, 1), None)]:
         D = po.distribute(R, partition, out_partition=out)
         y = D @ place(xr, D.in_sharding)

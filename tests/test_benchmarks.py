@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "benchmarks" / "run.py"
 
-# The fewest all_to_alls for each 3-D FFT plan (issue tables), by (kind, partition, out).
+# The fewest all_to_alls for each 3-D FFT plan (the README's table), by (kind, partition, out).
 EXPECTED_ALL_TO_ALL = {
     ("c2c", "slab", "parop"): 2, ("c2c", "slab", "parop, out auto"): 1,
     ("c2c", "pencil", "parop"): 4, ("c2c", "pencil", "parop, out auto"): 2,

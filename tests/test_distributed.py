@@ -26,7 +26,7 @@ def complex_cube(n=16, dtype=np.complex64):
     return random_array(np.random.default_rng(0), (n, n, n), dtype)
 
 
-# -- the planner's figures (issue table), counted in the compiled HLO -------------------
+# -- the fewest all_to_alls (the README's table), counted in the compiled HLO ------------
 
 @pytest.mark.parametrize("partition, same, auto", [
     ((1, 1, 8), 2, 1), ((8, 1, 1), 2, 1), ((2, 2, 1), 4, 2), ((1, 2, 2), 4, 2), ((2, 2, 2), 6, 3),
@@ -53,7 +53,7 @@ def test_batch_channel_xy_fft_auto_takes_two():
     np.testing.assert_allclose(np.asarray(D @ x), np.fft.fft2(np.asarray(x)), atol=1e-3)
 
 
-# -- the seed examples ---------------------------------------------------------------------
+# -- the first examples (README's "Distributed" section) -----------------------------------
 
 def test_seed_a_real_3d_dft():
     F = po.kron(po.DFT(30, jnp.complex64), po.DFT(20, jnp.complex64), po.DFT(10, jnp.float32))

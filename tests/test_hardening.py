@@ -302,7 +302,7 @@ def test_uneven_batch_axes_are_rejected_at_call_time(make, partition, batches):
                 np.testing.assert_allclose(np.asarray(D(θ) @ x), np.asarray(op(θ) @ x), rtol=1e-4, atol=1e-4)
 
 
-# -- inputs of any sharding (DESIGN §2: "x: global array (any sharding, or host data)") ---------
+# -- inputs of any sharding: `D @ x` takes a global array of any sharding, or host data -------
 
 def _inputs_on_other_meshes(x: np.ndarray):
     devices = jax.devices()

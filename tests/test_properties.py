@@ -153,8 +153,8 @@ def test_distributed_equals_serial(case):
 
 
 def test_default_out_partition_moves_a_split_the_output_cannot_keep():
-    """DESIGN §2: out_partition=None keeps the input's layout *wherever the output shape
-    allows it*, and a size that a split does not divide is an error only where the split
+    """`out_partition=None` keeps the input's layout *wherever the output shape allows
+    it* (docs/distributed.md), and a size that a split does not divide is an error only where the split
     is unavoidable. Here the output axis cannot keep its split, but the split can move
     to the batch axis (as out_partition="auto" shows): no error is due."""
     R = po.Restriction(4, [0, 1, 2], "float64")  # 4 -> 3: a split of 4 cannot stay on it
