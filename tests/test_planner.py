@@ -470,32 +470,23 @@ def distributed_cases(seed: int, count: int, batch=(4,)):
         yield op, D
 
 
-XLA_ALL_TO_ALL_BUG = "HLO all-to-all has operands with different shapes"
-
-
 def test_the_compiled_training_step_runs_the_plans_collectives():
     """On 18 random operators and partitions, the compiled forward + pullback holds
     exactly the plan's collectives, forward plus backward, kind by kind (a `psum` is an
-    all-reduce operand; the halo exchanges are collective-permutes). Two known
-    exceptions have strict xfails of their own below: a plan that uses one weight in two
-    placements, and XLA's failure to compile some pullbacks of an `all_to_all`."""
+    all-reduce operand; the halo exchanges are collective-permutes), and each weight
+    enters the program in one placement."""
     checked = 0
     for i, (op, D) in enumerate(distributed_cases(seed=3, count=18)):
         plan = D.plan_for((4,))
-        if weights_in_two_places(plan):
-            continue
+        assert not weights_in_two_places(plan), plan
         rng = np.random.default_rng(i)
         θ = random_params(op, i)
         x = jnp.asarray(random_array(rng, plan.shape, op.dtype))
         c = jnp.asarray(random_array(rng, plan.out_shape, op.range_dtype))
-        try:
-            text = training_step_hlo(D, θ, x, c)
-        except jax.errors.JaxRuntimeError as e:
-            assert XLA_ALL_TO_ALL_BUG in str(e), e
-            continue
+        text = training_step_hlo(D, θ, x, c)
         assert hlo_collectives(text) == plan_collectives(plan), (op, plan)
         checked += 1
-    assert checked >= 15
+    assert checked == 18
 
 
 def test_inference_plans_count_the_forward_pass_only():
@@ -533,26 +524,20 @@ def test_the_printed_plan_shows_forward_and_backward():
     assert " fwd " in text and " bwd " in text
 
 
-@pytest.mark.xfail(strict=True, reason="planner bug: a weight used in two placements in one plan (row-parallel, "
-                   "then by its other axis) enters the program twice; XLA reshards it outside the shard_map "
-                   "(an all-to-all forward, one backward for its gradient), which the plan does not count")
 def test_a_weight_in_two_placements_costs_what_the_plan_says():
     """`W @ W` with every weight sharded on a 2-way split: the first W runs row-parallel
     (weight split by columns, `psum_scatter`), the second uses the same weight split by
-    rows. The compiled step holds two all-to-alls the plan does not have."""
+    rows, unless the plan keeps one placement: it does, and the compiled step runs the
+    plan's collectives and nothing more."""
     W = po.Matrix(4, 4, F64, name="w")
     D = po.distribute(W @ W, (2,), shard_weights=True)
-    assert weights_in_two_places(D.plan)
+    assert not weights_in_two_places(D.plan)
     θ = random_params(W @ W)
     x = jnp.asarray(random_array(np.random.default_rng(0), (4,), np.float64))
     c = jnp.asarray(random_array(np.random.default_rng(1), (4,), np.float64))
     assert hlo_collectives(training_step_hlo(D, θ, x, c)) == plan_collectives(D.plan)
 
 
-@pytest.mark.xfail(strict=True, raises=jax.errors.JaxRuntimeError,
-                   reason="XLA (CPU) bug: the pullback of an all_to_all whose cotangent is partly zeros (a "
-                   "Restriction's transpose on the split axis) fails the HLO verifier ('all-to-all has operands "
-                   "with different shapes'); pure-JAX repro in the report")
 def test_the_gradient_through_a_restriction_after_an_all_to_all_compiles():
     """`Matrix(4, 4) ⊗ Restriction(2, [0])` with the restricted axis split: the plan
     moves the split onto the Matrix's axis (`all_to_all`), restricts, and runs the Matrix

@@ -75,7 +75,7 @@ def _run(visits, x: jax.Array, weights: dict, scalars: tuple, mesh: Mesh) -> jax
         action = visit.action
         if isinstance(action, AllToAll):
             x = _pad(x, action.dst, action.pad)
-            x = lax.all_to_all(x, _names(action.axes), split_axis=action.dst, concat_axis=action.src, tiled=True)
+            x = _all_to_all(x, _names(action.axes), action.dst, action.src)
             if action.crop:
                 x = lax.slice_in_dim(x, 0, action.crop, axis=action.src)
         elif isinstance(action, Split):
@@ -94,6 +94,15 @@ def _run(visits, x: jax.Array, weights: dict, scalars: tuple, mesh: Mesh) -> jax
         else:
             x = _local(visit, x, weights, scalars)
     return x
+
+
+def _all_to_all(x: jax.Array, names, split: int, concat: int) -> jax.Array:
+    """`lax.all_to_all` between optimisation barriers, in the forward pass and (as the
+    barrier's transpose is a barrier) in the backward pass: XLA:CPU's simplifier splits
+    an all-to-all whose input is partly a broadcast (a `Restriction`'s zero padding in a
+    pullback) into operands of different layouts and fails its own verifier."""
+    x = lax.all_to_all(lax.optimization_barrier(x), names, split_axis=split, concat_axis=concat, tiled=True)
+    return lax.optimization_barrier(x)
 
 
 def _local(visit: Visit, x: jax.Array, weights: dict, scalars: tuple) -> jax.Array:

@@ -383,14 +383,34 @@ def make_plan(op: Operator, shape, in_layout: Layout, mesh_shape: Mapping[str, i
 
 
 def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal: Goal, cost: CostModel,
-          where: str, shard_weights: bool | str = "auto", pinned: Mapping | None = None
-          ) -> tuple[tuple[Action, ...], int]:
+          where: str, shard_weights: bool | str = "auto", pinned: Mapping | None = None,
+          with_cost: bool = False) -> tuple:
     """The cheapest actions for `prog` from `in_layout` to a layout `goal` accepts (with the
-    weights in `pinned` split as it says), and the states the search expanded; a
-    `ValueError` that says why where there are none."""
+    weights in `pinned` split as it says), and the states the search expanded (first its
+    cost, `with_cost`); a `ValueError` that says why where there are none."""
     search = Search(mesh_shape, cost, shard_weights, pinned=pinned)
     try:
-        _, actions = search.run(prog, in_layout, goal)
+        price, actions = search.run(prog, in_layout, goal)
+        expanded = search.expanded
+        placements = _weight_placements(prog, in_layout, mesh_shape, actions)
+        shared = next(((name, specs) for name, specs in placements.items() if len(specs) > 1), None)
+        if shared is not None:
+            # A weight used by several steps enters the program once, so all of them must
+            # use it split alike: the cheapest plan with it pinned to one of the splits the
+            # free search chose (each re-plan settles any other weight the same way).
+            name, specs = shared
+            plans = []
+            for spec in specs:
+                try:
+                    plans.append(route(prog, in_layout, mesh_shape, goal, cost, where, shard_weights,
+                                       {**(pinned or {}), name: spec}, with_cost=True))
+                except ValueError:
+                    continue
+            if not plans:
+                raise PlanningError("no plan exists")
+            price, actions, _ = min(plans, key=lambda p: p[0])
+            expanded += sum(p[2] for p in plans)
+            return (price, actions, expanded) if with_cost else (actions, expanded)
     except PlanningError as e:
         reason = str(e)
         if reason != "no plan exists":
@@ -411,7 +431,20 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
             + (f"; {'; '.join(halos)}" if halos else "")
             + " (and the wanted output layout must be reachable without gathering)"
         ) from None
-    return actions, search.expanded
+    return (price, actions, expanded) if with_cost else (actions, expanded)
+
+
+def _weight_placements(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
+                       actions: tuple[Action, ...]) -> dict[str, list]:
+    """`{name: [each distinct split of the weight where a step uses it]}`."""
+    start = State(prog.shape, in_layout, _dtypes.canonical(prog.dtype).itemsize, tuple(mesh_shape.items()))
+    placements: dict = {}
+    for visit in _walk(replay(actions, start)[0]):
+        if isinstance(visit.action, Local):
+            spec = visit.action.weight_spec(visit.before)
+            if spec is not None and spec not in placements.setdefault(visit.action.step.leaf.name, []):
+                placements[visit.action.step.leaf.name].append(spec)
+    return placements
 
 
 def _all_steps(prog: Program):
