@@ -58,7 +58,7 @@ N_DEVICES = 8
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small sizes, short timing (< 2 minutes)")
+    p.add_argument("--quick", action="store_true", help="small sizes, short timing (about a minute): a smoke test")
     p.add_argument("--gpu", action="store_true", help="use the real accelerators, not 8 forced CPU devices")
     p.add_argument("--out", default=str(HERE / "RESULTS.md"), help="where to write the markdown")
     p.add_argument("--json", default=None, help="also write the results as JSON here")
@@ -111,7 +111,7 @@ class Config:
     @staticmethod
     def make(quick: bool, gpu: bool) -> "Config":
         if quick:
-            return Config(quick, gpu, (32, 64), (32, 32, 8), 64, budget_s=2.0, min_rounds=7, max_rounds=150)
+            return Config(quick, gpu, (32,), (32, 32, 8), 32, budget_s=0.5, min_rounds=5, max_rounds=50)
         return Config(quick, gpu, (64, 128), (64, 64, 8), 64, budget_s=20.0, min_rounds=21, max_rounds=500)
 
 
@@ -521,23 +521,26 @@ def fno_groups(cfg: Config) -> list[Group]:
     in plain JAX (`benchmarks/plain_fno.py`), all from the same parameters and batch; in
     2-D (the Darcy protocol's model) and in 3-D."""
     configs = [  # (grid, width, modes, batch, partition)
-        ((16, 16), 16, (8, 8), 8, (1, 1, 2, 4)) if cfg.quick else ((32, 32), 32, (12, 12), 20, (1, 1, 2, 4)),
-        ((12, 12, 12), 8, (4, 4, 4), 2, (1, 1, 2, 2, 2)) if cfg.quick else ((24, 24, 24), 16, (8, 8, 8), 10, (1, 1, 2, 2, 2)),
+        ((16, 16), 8, (8, 8), 4, (1, 1, 2, 4)) if cfg.quick else ((32, 32), 32, (12, 12), 20, (1, 1, 2, 4)),
+        ((8, 8, 8), 4, (4, 4, 4), 2, (1, 1, 2, 2, 2)) if cfg.quick else ((24, 24, 24), 16, (8, 8, 8), 10, (1, 1, 2, 2, 2)),
     ]
-    return [_fno_group(*config) for config in configs]
+    layers = 2 if cfg.quick else 4
+    return [_fno_group(*config, layers) for config in configs]
 
 
-def _fno_group(grid, width, modes, batch, partition) -> Group:
+def _fno_group(grid, width, modes, batch, partition, layers) -> Group:
     import optax
 
     from benchmarks import plain_fno
     from parop.nn import FNO, relative_l2
     from parop.nn.train import as_real, make_step
 
-    model = FNO(grid, width=width, modes=modes, layers=4)
+    model = FNO(grid, width=width, modes=modes, layers=layers)
     dist = model.distribute(partition)
+    by_bytes = model.distribute(partition, cost=po.CostModel(latency_bytes=0))  # collectives free to start
     θ = model.init(jax.random.key(0))
     θd = dist.init(jax.random.key(0))
+    θb = by_bytes.init(jax.random.key(0))
     rng = np.random.default_rng(3)
     a = rng.standard_normal((batch, 1) + grid, dtype=np.float32)
     u = rng.standard_normal((batch, 1) + grid, dtype=np.float32)
@@ -554,7 +557,7 @@ def _fno_group(grid, width, modes, batch, partition) -> Group:
     dense = lambda k: {"w": θ[k], "b": θ[f"{k}.bias"]}  # noqa: E731
     plain = {"lift": dense("lift"), "proj1": dense("proj1"), "proj2": dense("proj2"),
              "layers": [{"spectral": jnp.stack([θ[f"spectral{k}"].real, θ[f"spectral{k}"].imag], -1),
-                         "skip": dense(f"skip{k}")} for k in range(4)]}
+                         "skip": dense(f"skip{k}")} for k in range(layers)]}
     plain_loss = lambda p, x, y: relative_l2(plain_fno.apply(p, x[:, 0])[:, None], y)  # noqa: E731
     plain_state = optimizer.init(plain)
 
@@ -564,11 +567,12 @@ def _fno_group(grid, width, modes, batch, partition) -> Group:
         updates, state = optimizer.update(grads, state, p)
         return optax.apply_updates(p, updates), state, value
 
-    serial, distributed = parop_step(model, θ), parop_step(dist, θd)
+    serial, distributed, bytes_only = parop_step(model, θ), parop_step(dist, θd), parop_step(by_bytes, θb)
     want = float(plain_loss(plain, a, u))
-    problem = f"FNO step: batch {batch}, {'x'.join(map(str, grid))}, width {width}, modes {modes}, 4 layers"
+    problem = f"FNO step: batch {batch}, {'x'.join(map(str, grid))}, width {width}, modes {modes}, {layers} layers"
     g = Group("d", problem, [
         Candidate(f"parop distributed {partition}", lambda: distributed(ad, ud)),
+        Candidate(f"parop distributed {partition}, latency_bytes=0", lambda: bytes_only(ad, ud)),
         Candidate("parop serial", lambda: serial(a, u)),
         Candidate("plain JAX FNO", lambda: plain_step(plain, plain_state, a, u)[2], note="yardstick"),
     ], lambda: np.float64(want), yardstick="plain JAX FNO", tol=1e-4)

@@ -46,34 +46,36 @@ def test_any_batch_size():
         np.testing.assert_allclose(np.asarray(model.apply(θ, a[:b])), np.asarray(full[:b]), rtol=1e-5, atol=1e-6)
 
 
-CASES = [  # (grid, modes, partitions over (batch, channel, *grid), batch)
+GRIDS = [  # (grid, modes, partitions over (batch, channel, *grid), batch)
     ((16, 16), (8, 6), [(1, 1, 2, 4), (2, 1, 2, 2), (4, 1, 1, 2)], 4),
     ((8, 8, 8), (4, 4, 4), [(1, 1, 2, 2, 2), (2, 1, 2, 2, 1), (1, 1, 2, 4, 1)], 2),
     ((4, 4, 4, 4), (4, 4, 4, 4), [(1, 1, 2, 2, 2, 1), (2, 1, 2, 2, 1, 1)], 2),
 ]
+# each grid's first partition in every run, the others in the long pass
+CASES = [pytest.param(grid, modes, partition, batch, marks=[pytest.mark.long] if k else [])
+         for grid, modes, partitions, batch in GRIDS for k, partition in enumerate(partitions)]
 
 
-@pytest.mark.parametrize("grid, modes, partitions, batch", CASES, ids=lambda c: str(c))
-def test_distributed_fno_equals_serial(grid, modes, partitions, batch):
+@pytest.mark.parametrize("grid, modes, partition, batch", CASES)
+def test_distributed_fno_equals_serial(grid, modes, partition, batch):
     model = FNO(grid, width=8, modes=modes, layers=2, projection=16)
     θ = model.init(jax.random.key(0))
     a, u = inputs(model, batch)
     loss = lambda m: jax.jit(jax.value_and_grad(lambda θ: relative_l2(m.apply(θ, a), u)))  # noqa: E731
     value, grads = loss(model)(θ)
-    for partition in partitions:
-        dist = model.distribute(partition)
-        θd = dist.init(jax.random.key(0))
-        for name in θ:  # the same initial parameters, placed where the model keeps them
-            np.testing.assert_array_equal(np.asarray(θd[name]), np.asarray(θ[name]), err_msg=name)
-            assert θd[name].sharding == dist.param_shardings()[name]
-        np.testing.assert_allclose(np.asarray(dist.apply(θd, a)), np.asarray(model.apply(θ, a)), rtol=1e-4,
-                                   atol=1e-5)
-        dvalue, dgrads = loss(dist)(θd)
-        assert abs(float(dvalue) - float(value)) <= 1e-5 * abs(float(value))
-        assert set(grads) == set(dgrads)
-        for name in grads:
-            g, d = np.asarray(grads[name]), np.asarray(dgrads[name])
-            np.testing.assert_allclose(d, g, rtol=1e-3, atol=1e-4 * np.abs(g).max(), err_msg=(partition, name))
+    dist = model.distribute(partition)
+    θd = dist.init(jax.random.key(0))
+    for name in θ:  # the same initial parameters, placed where the model keeps them
+        np.testing.assert_array_equal(np.asarray(θd[name]), np.asarray(θ[name]), err_msg=name)
+        assert θd[name].sharding == dist.param_shardings()[name]
+    np.testing.assert_allclose(np.asarray(dist.apply(θd, a)), np.asarray(model.apply(θ, a)), rtol=1e-4,
+                               atol=1e-5)
+    dvalue, dgrads = loss(dist)(θd)
+    assert abs(float(dvalue) - float(value)) <= 1e-5 * abs(float(value))
+    assert set(grads) == set(dgrads)
+    for name in grads:
+        g, d = np.asarray(grads[name]), np.asarray(dgrads[name])
+        np.testing.assert_allclose(d, g, rtol=1e-3, atol=1e-4 * np.abs(g).max(), err_msg=(partition, name))
 
 
 def hlo_counts(D) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""Hardening, round two (issue B): one test per item, with the calls the issue quotes.
+"""Hardening, round two: bad input, exact adjoints of complex scalars, sharded
+initialisers, empty batches, padded sums, and the messages users read.
 
 Items covered elsewhere (not repeated here): the FNO's modes errors
 (tests/test_fno.py::test_bad_arguments; only the full message of `modes=(20, 4)` is
@@ -303,7 +304,7 @@ def test_an_out_partition_on_other_mesh_axes_is_a_clear_error():
         "split onto every device")
 
 
-# -- 11-14. the issue's calls not covered elsewhere -----------------------------------------------------
+# -- 11-14. calls not covered elsewhere -----------------------------------------------------
 
 def test_a_3d_fno_with_default_modes_builds_and_runs():
     """`FNO(grid=(8, 8, 8))` is a valid 3-D model: default modes (every frequency of the

@@ -1,4 +1,5 @@
-"""Operators as JAX values (issue A), each item with the calls the issue quotes.
+"""Operators as JAX values: pytrees under `jit`, `grad`, `vmap`, traced scalars, the
+transpose, distributed operators that behave like serial ones.
 
 1. An operator is a pytree with static structure: `jax.jit(lambda A, x: A @ x)(F, x)`
    works, an equal rebuild does not retrace; equality and hash are structural, and
@@ -48,7 +49,7 @@ def fft2_matrix(n: int) -> np.ndarray:
 # -- 1. operators are pytrees with static structure ------------------------------------------------
 
 def test_jit_takes_an_operator_and_an_equal_rebuild_does_not_retrace():
-    """`jax.jit(lambda A, x: A @ x)(F, x)` with the issue's `F` on a (16, 16) tensor and on
+    """`jax.jit(lambda A, x: A @ x)(F, x)` with a real-to-complex `F` on a (16, 16) tensor and on
     flat input equals NumPy's `fft2`; an equal rebuild of `F` hits the same trace, a
     different operator (another `norm`) traces anew."""
     traces = []

@@ -6,14 +6,14 @@
    partitions, meshes, machine models, weight policies and goals; and the regression
    cases where its bound was once too high.
 2. *Quick*: the benchmark FNO layers (3-D and 4-D, 8 devices, and 16 devices planned
-   from an `AbstractMesh`) and the issue's blow-up cases plan within seconds, or stop
+   from an `AbstractMesh`) and the operators that once made the search blow up plan within seconds, or stop
    with a clear `ValueError`, never an unbounded search.
 3. *Honest*: the collectives of the compiled forward + pullback are the plan's
    (`Plan.traffic()`), kind by kind.
 4. `D.H` runs the transpose of `D`'s plan (weights where `D` keeps them).
 5. The machine model (`cost=`) goes with `D.H`, batch plans and chains, and changes
    plans; `po.calibrate()` measures one.
-6. The issue's two planner bugs (a size-1 axis; regrouping a split) stay fixed.
+6. Two former planner bugs (a size-1 axis; regrouping a split) stay fixed.
 7. `po.distribute_chain` plans a network as a whole: equal to the serial network,
    no relayout between operators, never dearer than its operators planned alone, and
    as cheap as the exhaustive search.
@@ -569,7 +569,7 @@ def reference_matrix(op, θ) -> jax.Array:
 
 def reference_adjoint(op, θ, y) -> np.ndarray:
     """`op.H @ y` from the dense matrix `M` of `op`: `M^H y`, its real part where the
-    domain is real (DESIGN §1)."""
+    domain is real (the adjoint of a real-domain operator is real)."""
     batch = y.shape[len(op.range_shape):]
     out = reference_matrix(op, θ).conj().T @ jnp.asarray(y).reshape(op.range_size, -1).astype(jnp.complex128)
     if not np.issubdtype(op.dtype, np.complexfloating):
@@ -670,7 +670,7 @@ def test_calibrate_measures_a_machine_model():
         po.calibrate(jax.devices()[:1])
 
 
-# == 6. the issue's two planner bugs =======================================================
+# == 6. two former planner bugs =======================================================
 
 @pytest.mark.parametrize("op", [
     po.kron(po.Restriction(8, [0], F64), po.Identity(8, F64)),
