@@ -24,6 +24,12 @@ def to_dense(A: Operator, θ: Params | None = None) -> jax.Array:
     >>> po.to_dense(po.DFT(4))                 # == np.fft.fft(np.eye(4), axis=0)
     ```
     """
+    return _to_dense(A, θ)
+
+
+@jax.jit
+def _to_dense(A: Operator, θ: Params | None) -> jax.Array:
+    """`to_dense` as one program (not a compile per operation)."""
     n = A.domain_size
 
     def columns(eye):

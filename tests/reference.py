@@ -48,7 +48,9 @@ def _fft_matrix(op) -> np.ndarray:
     return np.fft.irfft(eye, n, axis=0, norm=norm) - 1j * np.fft.irfft(1j * eye, n, axis=0, norm=norm)
 
 
+@functools.partial(jax.jit, static_argnums=2)
 def dense(op: po.Operator, θ=None, real_input: bool | None = None) -> jax.Array:
+    """The dense matrix of `op` in complex128, as one compiled program per operator."""
     return _dense(op, θ, real_input).astype(jnp.complex128)
 
 
@@ -137,6 +139,7 @@ def _real_if(m, op):
     return m
 
 
+@jax.jit
 def apply_dense(op: po.Operator, θ, x) -> jax.Array:
     """`op` applied to a tensor `x` (domain_shape + batch) through its dense matrix."""
     batch = x.shape[op.ndim:]
@@ -195,7 +198,43 @@ def random_tree(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, de
                       for n, m in zip(shape, a.range_shape)])
         return a + b if rng.random() < 0.5 else a - 2.0 * b
     if choice == "scale":
+        if not np.issubdtype(dtype, np.complexfloating) and rng.random() < 0.5:
+            return complex_scaled(rng, shape, dtype, names, sizes)
         c = complex(rng.standard_normal(), rng.standard_normal()) if np.issubdtype(dtype, np.complexfloating) else float(rng.standard_normal())
         return c * random_tree(rng, shape, dtype, depth - 1, names, sizes)
     a = random_tree(rng, shape, dtype, depth - 1, names, sizes)
     return a.H @ a
+
+
+def complex_scaled(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, names=None,
+                   sizes=(1, 2, 3, 4, 5)) -> po.Operator:
+    """A real-to-real operator made of complex scalars on real-domain operators (valid:
+    their range is complex), and sums of them: `G.H @ Z` with `R` a real `DFT` on one
+    axis (identities elsewhere), `t` a kron of real leaves, `G` either `R` or `c * R`,
+    and `Z` one of `c * (R @ t)`, `(R + c * R) @ t` (the form of `F + 1j*F`) or
+    `c1 * (R @ t) + c2 * (R @ t2)`. Their adjoints scale the input (`Scale(first=True)`)
+    where the range is real.
+
+    `t` holds real leaves only, so that `dense`'s reference stays exact: a real matrix
+    commutes with the real part that a real DFT's adjoint takes."""
+    names = [] if names is None else names
+    t = po.kron(*[random_leaf(rng, n, dtype, names, sizes) for n in shape])
+    axis = int(rng.integers(len(shape)))
+    norm = str(rng.choice(["backward", "ortho", "forward"]))
+    R = po.kron(*[po.DFT(n, dtype, norm) if i == axis else po.Identity(n, dtype)
+                  for i, n in enumerate(t.range_shape)])
+
+    def c() -> complex:
+        return complex(rng.standard_normal(), rng.standard_normal())
+
+    form = rng.choice(["scaled", "sum", "sum of scaled"])
+    if form == "scaled":
+        Z = c() * (R @ t)
+    elif form == "sum":
+        Z = (R + c() * R) @ t
+    else:
+        t2 = po.kron(*[po.Identity(n, dtype) if n == m else po.Matrix(m, n, dtype)
+                       for n, m in zip(shape, t.range_shape)])
+        Z = c() * (R @ t) + c() * (R @ t2)
+    G = R if rng.random() < 0.5 else c() * R
+    return G.H @ Z
