@@ -520,9 +520,11 @@ def fno_groups(cfg: Config) -> list[Group]:
     """One jitted Adam step of the FNO: parop distributed vs parop serial vs the same FNO
     in plain JAX (`benchmarks/plain_fno.py`), all from the same parameters and batch; in
     2-D (the Darcy protocol's model) and in 3-D."""
-    configs = [  # (grid, width, modes, batch, partition)
-        ((16, 16), 8, (8, 8), 4, (1, 1, 2, 4)) if cfg.quick else ((32, 32), 32, (12, 12), 20, (1, 1, 2, 4)),
-        ((8, 8, 8), 4, (4, 4, 4), 2, (1, 1, 2, 2, 2)) if cfg.quick else ((24, 24, 24), 16, (8, 8, 8), 10, (1, 1, 2, 2, 2)),
+    configs = [  # (grid, width, modes, batch, partition); the quick run: a small 2-D model only
+        ((16, 16), 8, (8, 8), 4, (1, 1, 2, 4)),
+    ] if cfg.quick else [
+        ((32, 32), 32, (12, 12), 20, (1, 1, 2, 4)),
+        ((24, 24, 24), 16, (8, 8, 8), 10, (1, 1, 2, 2, 2)),
     ]
     layers = 2 if cfg.quick else 4
     return [_fno_group(*config, layers) for config in configs]

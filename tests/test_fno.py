@@ -51,8 +51,8 @@ GRIDS = [  # (grid, modes, partitions over (batch, channel, *grid), batch)
     ((8, 8, 8), (4, 4, 4), [(1, 1, 2, 2, 2), (2, 1, 2, 2, 1), (1, 1, 2, 4, 1)], 2),
     ((4, 4, 4, 4), (4, 4, 4, 4), [(1, 1, 2, 2, 2, 1), (2, 1, 2, 2, 1, 1)], 2),
 ]
-# each grid's first partition in every run, the others in the long pass
-CASES = [pytest.param(grid, modes, partition, batch, marks=[pytest.mark.long] if k else [])
+# the 2-D and 3-D grids' first partitions in every run, the rest in the long pass
+CASES = [pytest.param(grid, modes, partition, batch, marks=[pytest.mark.long] if k or len(grid) > 3 else [])
          for grid, modes, partitions, batch in GRIDS for k, partition in enumerate(partitions)]
 
 
