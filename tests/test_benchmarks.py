@@ -27,9 +27,8 @@ def _env():
     return {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64")}
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
+def quick_run(out: Path):
+    """`run.py --quick` into `out`: (the process, the JSON results, the markdown)."""
     proc = subprocess.run(
         [sys.executable, str(RUN), "--quick", "--out", str(out / "RESULTS.md"), "--json", str(out / "results.json")],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240,
@@ -39,8 +38,8 @@ def quick_run(tmp_path_factory):
     return proc, results, markdown
 
 
-def test_quick_run_exits_cleanly_and_prints_the_tables(quick_run):
-    proc, results, markdown = quick_run
+def check_quick_run_exits_cleanly_and_prints_the_tables(run):
+    proc, results, markdown = run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for heading in ("## Targets", "## Timings", "## f. Collectives", "## e. Planning + compile time",
                     "## h. Planning time", "## i. Per-device memory", ):
@@ -50,8 +49,8 @@ def test_quick_run_exits_cleanly_and_prints_the_tables(quick_run):
     assert results is not None and results["quick"]
 
 
-def test_every_candidate_matches_numpy(quick_run):
-    _, results, _ = quick_run
+def check_every_candidate_matches_numpy(run):
+    _, results, _ = run
     assert results["checks_failed"] == []
     cases = {g["case"] for g in results["groups"]}
     assert {"a", "b", "c", "d", "e", "g", "j"} <= cases
@@ -70,8 +69,8 @@ def test_every_candidate_matches_numpy(quick_run):
         assert parop and all(g["results"][n]["status"] == "ok" for n in parop)
 
 
-def test_hlo_collectives_match_the_plans(quick_run):
-    _, results, _ = quick_run
+def check_hlo_collectives_match_the_plans(run):
+    _, results, _ = run
     rows = results["hlo"]
     seen = set()
     for r in rows:
@@ -95,8 +94,8 @@ def test_hlo_collectives_match_the_plans(quick_run):
     assert grad and grad[0]["all-reduce"] == 1 and grad[0]["all-to-all"] == grad[0]["all-gather"] == 0
 
 
-def test_jaxdecomp_is_checked_where_installed_and_skipped_with_its_reason_otherwise(quick_run):
-    _, results, markdown = quick_run
+def check_jaxdecomp_is_checked_where_installed_and_skipped_with_its_reason_otherwise(run):
+    _, results, markdown = run
     installed = subprocess.run([sys.executable, "-c", "import jaxdecomp"], cwd=ROOT, env=_env()).returncode == 0
     for g in results["groups"]:
         if g["case"] not in "ab":
@@ -124,12 +123,12 @@ def test_jaxdecomp_not_importable_is_a_reason_to_skip(monkeypatch):
     assert jaxdecomp_note().startswith("jaxdecomp not importable (ModuleNotFoundError): its candidates are skipped")
 
 
-def test_planning_memory_and_halo_cases(quick_run):
+def check_planning_memory_and_halo_cases(run):
     """Case h plans each operator within its limit (generous here: the benchmark's run
     holds the 1 s target), case i's FNO step on 8 devices needs at most 0.15x the serial
     step's memory per device, case j's halo-exchange program holds collective-permutes
     only."""
-    _, results, _ = quick_run
+    _, results, _ = run
     planning, memory = results["tables"]["h"], results["tables"]["i"]
     assert planning and all(r["states"] > 0 for r in planning)
     assert all(r["seconds"] < 10 * (r["limit"] or 2) for r in planning), planning
@@ -139,8 +138,8 @@ def test_planning_memory_and_halo_cases(quick_run):
     assert halo and halo[0]["collective-permute"] == 6 and halo[0]["all-to-all"] == halo[0]["all-gather"] == 0
 
 
-def test_compile_time_was_measured(quick_run):
-    _, results, _ = quick_run
+def check_compile_time_was_measured(run):
+    _, results, _ = run
     assert len(results["compile"]) == 3
     for r in results["compile"]:
         assert r["plan_s"] > 0 and r["first_call_s"] > 0
@@ -159,3 +158,15 @@ def test_an_xla_abort_is_reported_and_the_benchmark_goes_on():
     status = XlaProbe(specs).wait()
     assert status["boom"].startswith("aborted"), status
     assert status["fine"] == "ok", status
+
+
+def test_the_quick_run(tmp_path):
+    """One `run.py --quick` (about a minute), then each check above on what it wrote:
+    one test, so that the suite's workers never run it twice."""
+    run = quick_run(tmp_path)
+    checks = (check_quick_run_exits_cleanly_and_prints_the_tables, check_every_candidate_matches_numpy,
+              check_hlo_collectives_match_the_plans,
+              check_jaxdecomp_is_checked_where_installed_and_skipped_with_its_reason_otherwise,
+              check_planning_memory_and_halo_cases, check_compile_time_was_measured)
+    for check in checks:
+        check(run)
