@@ -104,7 +104,7 @@ def test_all_to_alls_per_fourier_layer(grid, modes, partition, batch, per_layer)
 
 @pytest.mark.parametrize("grid, modes, partition, local_kernel", [
     ((16, 16), (8, 6), (2, 1, 2, 2), None),  # data x model parallel
-    ((8, 8, 8), (4, 4, 4), (2, 1, 2, 2, 1), None),
+    pytest.param((8, 8, 8), (4, 4, 4), (2, 1, 2, 2, 1), None, marks=pytest.mark.long),
     pytest.param((4, 4, 4, 4), (4, 4, 4, 4), (1, 1, 2, 2, 2, 1), None, marks=pytest.mark.long),
     pytest.param((16, 16), (8, 6), (1, 1, 2, 4), 3, marks=pytest.mark.long),  # a local convolution: halos
 ])

@@ -157,7 +157,7 @@ def test_kron_is_np_kron():
     np.testing.assert_allclose(np.asarray(po.to_dense(K, θ)), want, atol=1e-12)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", [pytest.param(s, marks=[pytest.mark.long] if s >= 20 else []) for s in range(40)])
 def test_random_trees_match_dense(seed):
     rng = np.random.default_rng(seed)
     dtype = DTYPES[seed % 4]
