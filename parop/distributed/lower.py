@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -147,20 +149,39 @@ def _stencil(visit: Visit, w, x: jax.Array) -> jax.Array:
     whole = [a - spatial for a in range(spatial, spatial + len(leaf.halo)) if a not in action.halo]
     x = leaf.extend(x, axis, whole)
     for a in action.halo:
-        x = _exchange(x, a, action.halo_width(a), visit.before.layout[a], visit.before.group(visit.before.layout[a]),
+        x = _exchange(x, a, action.halo_width(a), visit.before.layout[a], visit.before.mesh,
                       leaf.boundary == "periodic")
     return leaf._valid(w, x, axis, adjoint=step.leaf is not leaf)
 
 
-def _exchange(x: jax.Array, axis: int, width: int, axes: tuple[str, ...], devices: int, periodic: bool) -> jax.Array:
+def _exchange(x: jax.Array, axis: int, width: int, axes: tuple[str, ...], mesh: tuple[tuple[str, int], ...],
+              periodic: bool) -> jax.Array:
     """`x` with `width` planes of each neighbour along `axis` (split over `axes`) on
     either side: the ring's wrap-around if `periodic`, zeros at the ends otherwise."""
     n = x.shape[axis]
+    devices = math.prod(dict(mesh)[name] for name in axes)
     ring = [(i, (i + 1) % devices) for i in range(devices) if periodic or i + 1 < devices]
+    ring = [(_ppermute_index(i, axes, mesh), _ppermute_index(j, axes, mesh)) for i, j in ring]
     back = [(j, i) for i, j in ring]
     left = lax.ppermute(lax.slice_in_dim(x, n - width, n, axis=axis), _names(axes), ring)
     right = lax.ppermute(lax.slice_in_dim(x, 0, width, axis=axis), _names(axes), back)
     return jnp.concatenate([left, x, right], axis=axis)
+
+
+def _ppermute_index(block: int, axes: tuple[str, ...], mesh: tuple[tuple[str, int], ...]) -> int:
+    """The index `lax.ppermute` gives the device holding `block` of an axis split over
+    `axes` (the first of them major, as in a layout and in `lax.axis_index(axes)`):
+    `ppermute` numbers a group of mesh axes in the mesh's order, whatever their order
+    in `axes`."""
+    sizes = dict(mesh)
+    digits = {}
+    for name in reversed(axes):
+        block, digits[name] = divmod(block, sizes[name])
+    index = 0
+    for name, size in mesh:
+        if name in digits:
+            index = index * size + digits[name]
+    return index
 
 
 def _names(axes: tuple[str, ...]):
