@@ -140,6 +140,13 @@ def _real_if(m, op):
 
 
 @jax.jit
+def applied(A: po.Operator, θ, x) -> jax.Array:
+    """`A(θ) @ x` as one compiled program: parop's serial operator, what a distributed
+    one is compared with (eagerly, it would compile once per operation)."""
+    return A(θ) @ x
+
+
+@jax.jit
 def apply_dense(op: po.Operator, θ, x) -> jax.Array:
     """`op` applied to a tensor `x` (domain_shape + batch) through its dense matrix."""
     batch = x.shape[op.ndim:]

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
 import parop as po
-from reference import random_array, random_params, random_tree
+from reference import applied, random_array, random_params, random_tree
 
 
 def hlo(D, x, *θ):
@@ -121,13 +121,6 @@ def random_partition(rng, shape, devices):
 
 def close(a, b, scale=1.0):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-9 * max(1.0, scale), rtol=1e-9)
-
-
-def _applied(A, θ, x):
-    return A(θ) @ x
-
-
-applied = jax.jit(_applied)  # serial references as one program each, not a compile per operation
 
 
 @pytest.mark.parametrize("seed", [pytest.param(s, marks=[pytest.mark.long] if s >= 12 else []) for s in range(24)])

@@ -13,7 +13,6 @@ sizes a split does not divide.
 from __future__ import annotations
 
 import math
-import os
 import re
 
 import jax
@@ -23,6 +22,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import parop as po
+from conftest import LONG
 from reference import random_array, random_params
 
 
@@ -66,7 +66,7 @@ def test_init_is_bit_identical_whatever_the_partition(label):
     serial = host(po.init(op, key))
     assert serial and all(v.size for v in serial.values())
     # three partitions each in the README's test command, all of them in the long pass
-    for partition in partitions if os.environ.get("PAROP_LONG_TESTS") == "1" else partitions[:3]:
+    for partition in partitions if LONG else partitions[:3]:
         for shard in ("auto", False):
             D = po.distribute(op, partition, out_partition="auto", shard_weights=shard)
             θ = po.init(D, key)

@@ -28,12 +28,13 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from jax.sharding import AxisType, PartitionSpec as P
 
 import parop as po
+from conftest import LONG
 from reference import random_array, random_params, random_tree
 
 DEVICES = 8
 # PAROP_PROPERTY_SCALE=10 runs ten times the examples (a longer bug hunt); the README's
 # test command runs a quarter of them, the long pass (PAROP_LONG_TESTS=1, as in .ci/run) all
-SCALE = float(os.environ.get("PAROP_PROPERTY_SCALE", "1")) * (1 if os.environ.get("PAROP_LONG_TESTS") == "1" else 0.25)
+SCALE = float(os.environ.get("PAROP_PROPERTY_SCALE", "1")) * (1 if LONG else 0.25)
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
                 print_blob=True)
 

@@ -123,6 +123,22 @@ def _walk(visits):
             yield from _walk(term)
 
 
+def _start(shape: tuple[int, ...], layout: Layout, dtype, mesh_shape: Mapping[str, int]) -> State:
+    """The state a program starts from: its input."""
+    return State(tuple(shape), layout, _dtypes.canonical(dtype).itemsize, tuple(mesh_shape.items()))
+
+
+def weight_placements(visits: tuple[Visit, ...]) -> dict[str, list]:
+    """`{name: each distinct split of the weight where a step uses it, in order}`."""
+    placements: dict = {}
+    for visit in _walk(visits):
+        if isinstance(visit.action, Local):
+            spec = visit.action.weight_spec(visit.before)
+            if spec is not None and spec not in placements.setdefault(visit.action.step.leaf.name, []):
+                placements[visit.action.step.leaf.name].append(spec)
+    return placements
+
+
 @dataclass(frozen=True)
 class Plan:
     """A distributed program: the actions from `in_layout` to `out_layout`, each with the
@@ -142,9 +158,7 @@ class Plan:
     def _replayed(self) -> tuple[tuple[Visit, ...], State]:
         cached = self.__dict__.get("_replay")
         if cached is None:
-            start = State(self.shape, self.in_layout, _dtypes.canonical(self.dtype).itemsize,
-                          tuple(self.mesh_shape.items()))
-            cached = replay(self.actions, start)
+            cached = replay(self.actions, _start(self.shape, self.in_layout, self.dtype, self.mesh_shape))
             object.__setattr__(self, "_replay", cached)
         return cached
 
@@ -185,13 +199,7 @@ class Plan:
 
     def weight_specs(self) -> dict[str, tuple[tuple[str, ...], ...]]:
         """`{name: the mesh axes splitting each of its axes}` where each weight is first used."""
-        specs: dict = {}
-        for visit in _walk(self.visits):
-            if isinstance(visit.action, Local):
-                spec = visit.action.weight_spec(visit.before)
-                if spec is not None:
-                    specs.setdefault(visit.action.step.leaf.name, spec)
-        return specs
+        return {name: specs[0] for name, specs in weight_placements(self.visits).items()}
 
     @property
     def cost(self) -> tuple[float, float, int]:
@@ -391,60 +399,50 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
     search = Search(mesh_shape, cost, shard_weights, pinned=pinned)
     try:
         price, actions = search.run(prog, in_layout, goal)
-        expanded = search.expanded
-        placements = _weight_placements(prog, in_layout, mesh_shape, actions)
-        shared = next(((name, specs) for name, specs in placements.items() if len(specs) > 1), None)
-        if shared is not None:
-            # A weight used by several steps enters the program once, so all of them must
-            # use it split alike: the cheapest plan with it pinned to one of the splits the
-            # free search chose (each re-plan settles any other weight the same way).
-            name, specs = shared
-            plans = []
-            for spec in specs:
-                try:
-                    plans.append(route(prog, in_layout, mesh_shape, goal, cost, where, shard_weights,
-                                       {**(pinned or {}), name: spec}, with_cost=True))
-                except ValueError:
-                    continue
-            if not plans:
-                raise PlanningError("no plan exists")
-            price, actions, _ = min(plans, key=lambda p: p[0])
-            expanded += sum(p[2] for p in plans)
-            return (price, actions, expanded) if with_cost else (actions, expanded)
     except PlanningError as e:
-        reason = str(e)
-        if reason != "no plan exists":
-            raise ValueError(f"{where}: {reason}") from None
-        split = [(a, n, math.prod(mesh_shape[m] for m in axes))
-                 for a, (n, axes) in enumerate(zip(prog.shape, in_layout)) if axes]
-        needs = sorted({f"axis {a}" for s in _all_steps(prog) for a, r in zip(s.axes, s.roles) if r is Role.LOCAL})
-        halos = sorted({f"axis {a} of size {n} split in {p} gives blocks of {n // p}, fewer than the halo "
-                        f"{leaf.halo[a - s.axes[0] - leaf.grid_offset]} of {leaf!r}"
-                        for s in _all_steps(prog) for a, r in zip(s.axes, s.roles) if r is Role.HALO
-                        for leaf in [s.leaf.leaf] for b, n, p in split if b == a
-                        and n // p < leaf.halo[a - s.axes[0] - leaf.grid_offset]})
-        raise ValueError(
-            f"{where}: no plan exists for input shape {prog.shape} split as {spec_of(in_layout)} on mesh "
-            f"{dict(mesh_shape)}"
-            + (f": {', '.join(needs)} must be whole for an operator, so its split must move to another "
-               "axis that can hold it" if needs else "")
-            + (f"; {'; '.join(halos)}" if halos else "")
-            + " (and the wanted output layout must be reachable without gathering)"
-        ) from None
+        raise _no_plan(str(e), prog, in_layout, mesh_shape, where) from None
+    expanded = search.expanded
+    placements = weight_placements(replay(actions, _start(prog.shape, in_layout, prog.dtype, mesh_shape))[0])
+    shared = next(((name, specs) for name, specs in placements.items() if len(specs) > 1), None)
+    if shared is not None:
+        # A weight used by several steps enters the program once, so all of them must use
+        # it split alike: the cheapest plan with it pinned to one of the splits the free
+        # search chose (each re-plan settles any other weight the same way).
+        name, specs = shared
+        plans = []
+        for spec in specs:
+            try:
+                plans.append(route(prog, in_layout, mesh_shape, goal, cost, where, shard_weights,
+                                   {**(pinned or {}), name: spec}, with_cost=True))
+            except ValueError:
+                continue
+        if not plans:
+            raise _no_plan("no plan exists", prog, in_layout, mesh_shape, where)
+        price, actions, _ = min(plans, key=lambda p: p[0])
+        expanded += sum(p[2] for p in plans)
     return (price, actions, expanded) if with_cost else (actions, expanded)
 
 
-def _weight_placements(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
-                       actions: tuple[Action, ...]) -> dict[str, list]:
-    """`{name: [each distinct split of the weight where a step uses it]}`."""
-    start = State(prog.shape, in_layout, _dtypes.canonical(prog.dtype).itemsize, tuple(mesh_shape.items()))
-    placements: dict = {}
-    for visit in _walk(replay(actions, start)[0]):
-        if isinstance(visit.action, Local):
-            spec = visit.action.weight_spec(visit.before)
-            if spec is not None and spec not in placements.setdefault(visit.action.step.leaf.name, []):
-                placements[visit.action.step.leaf.name].append(spec)
-    return placements
+def _no_plan(reason: str, prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
+             where: str) -> ValueError:
+    """The `ValueError` for a search that found nothing, saying why where it can."""
+    if reason != "no plan exists":
+        return ValueError(f"{where}: {reason}")
+    split = [(a, n, math.prod(mesh_shape[m] for m in axes))
+             for a, (n, axes) in enumerate(zip(prog.shape, in_layout)) if axes]
+    needs = sorted({f"axis {a}" for s in _all_steps(prog) for a, r in zip(s.axes, s.roles) if r is Role.LOCAL})
+    halos = sorted({f"axis {a} of size {n} split in {p} gives blocks of {n // p}, fewer than the halo "
+                    f"{leaf.halo[a - s.axes[0] - leaf.grid_offset]} of {leaf!r}"
+                    for s in _all_steps(prog) for a, r in zip(s.axes, s.roles) if r is Role.HALO
+                    for leaf in [s.leaf.leaf] for b, n, p in split if b == a
+                    and n // p < leaf.halo[a - s.axes[0] - leaf.grid_offset]})
+    return ValueError(
+        f"{where}: no plan exists for input shape {prog.shape} split as {spec_of(in_layout)} on mesh "
+        f"{dict(mesh_shape)}"
+        + (f": {', '.join(needs)} must be whole for an operator, so its split must move to another "
+           "axis that can hold it" if needs else "")
+        + (f"; {'; '.join(halos)}" if halos else "")
+        + " (and the wanted output layout must be reachable without gathering)")
 
 
 def _all_steps(prog: Program):
