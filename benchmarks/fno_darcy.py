@@ -34,12 +34,6 @@ from parop.datasets import darcy_flow  # noqa: E402
 from parop.nn import FNO, UnitGaussianNormalizer, evaluate, fit  # noqa: E402
 
 
-def parop_modes(plain: tuple[int, ...]) -> tuple[int, ...]:
-    """The plain FNO counts the real-FFT axis's kept frequencies, parop (neuraloperator)
-    the modes they come from: `m//2 + 1` kept of `m`."""
-    return plain[:-1] + (2 * (plain[-1] - 1),)
-
-
 def run(dim: int = 2, steps: int | None = None, partition: tuple[int, ...] | None = None, seed: int = 0) -> dict:
     protocol = PROTOCOLS[dim]
     steps = steps or protocol.steps
@@ -48,7 +42,7 @@ def run(dim: int = 2, steps: int | None = None, partition: tuple[int, ...] | Non
     a_norm, u_norm = UnitGaussianNormalizer.fit(a[:split]), UnitGaussianNormalizer.fit(u[:split])
     x, y = a_norm.encode(a)[:, None], u[:, None]
     decode = lambda v: u_norm.decode(v[:, 0])[:, None]  # noqa: E731
-    model = FNO((protocol.resolution,) * dim, width=protocol.width, modes=parop_modes(protocol.modes), layers=4)
+    model = FNO((protocol.resolution,) * dim, width=protocol.width, modes=protocol.parop_modes, layers=4)
     place = None
     if partition:
         model = model.distribute(partition)

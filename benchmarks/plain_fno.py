@@ -38,6 +38,10 @@ test error and the median time of one jitted training step.
   (30 epochs, as in 2-D). On 2 CPU cores (float32) a step takes about 0.5 s, most
   of it in the 128-channel projection with its exact GELU, so the run takes about
   11 minutes.
+
+`--parop-init` starts the plain model from the initial parameters parop's `FNO`
+draws for the same seed (`params_from_parop`): with the batches also the same, the
+two runs then differ only in their code, not in the random draw.
 """
 
 from __future__ import annotations
@@ -129,6 +133,32 @@ def init_params(
         "proj1": dense(next(keys), width, projection_width),
         "proj2": dense(next(keys), projection_width, out_channels),
     }
+
+
+def params_from_parop(θ: dict[str, jax.Array], n_layers: int) -> Params:
+    """The parameters of a parop `FNO` (`model.init(key)`) in this module's layout.
+
+    Both models compute the same function with these parameters (a test checks it),
+    so the protocol can start the plain model from parop's initial values: the two
+    runs then differ only in their implementations, not in the random draw.
+
+    Example:
+        ```python
+        >>> from parop.nn import FNO
+        >>> θ = FNO((16, 16), width=8, modes=(8, 6), layers=2, projection=16).init(jax.random.key(0))
+        >>> params_from_parop(θ, n_layers=2)["layers"][0]["spectral"].shape
+        (8, 8, 8, 4, 2)
+        ```
+    """
+
+    def dense(name: str) -> dict[str, jax.Array]:
+        return {"w": θ[name], "b": θ[f"{name}.bias"]}
+
+    def spectral(k: int) -> jax.Array:
+        return jnp.stack([θ[f"spectral{k}"].real, θ[f"spectral{k}"].imag], -1)
+
+    return {"lift": dense("lift"), "proj1": dense("proj1"), "proj2": dense("proj2"),
+            "layers": [{"spectral": spectral(k), "skip": dense(f"skip{k}")} for k in range(n_layers)]}
 
 
 def _pointwise(layer: dict[str, jax.Array], h: jax.Array) -> jax.Array:
@@ -248,9 +278,11 @@ def train(
     learning_rate: float = 1e-3,
     seed: int = 0,
     log_every: int = 0,
+    params: Params | None = None,
     **model_kwargs: Any,
 ) -> TrainResult:
-    """Train an FNO with the benchmark protocol; `model_kwargs` go to `init_params`.
+    """Train an FNO with the benchmark protocol from `params`, by default
+    `init_params(jax.random.key(seed), **model_kwargs)`.
 
     Batches are drawn without replacement from a fresh permutation of the
     training set each epoch. Every step is timed (with `block_until_ready`);
@@ -268,7 +300,8 @@ def train(
     u_norm = UnitGaussianNormalizer.fit(u_train)
     x_train = a_norm.encode(a_train)
 
-    params = init_params(jax.random.key(seed), dtype=a_train.dtype, **model_kwargs)
+    if params is None:
+        params = init_params(jax.random.key(seed), dtype=a_train.dtype, **model_kwargs)
     schedule = optax.cosine_decay_schedule(learning_rate, decay_steps=steps)
     optimizer = optax.adam(schedule)
     opt_state = optimizer.init(params)
@@ -317,6 +350,12 @@ class Protocol:
     batch_size: int
     steps: int
 
+    @property
+    def parop_modes(self) -> tuple[int, ...]:
+        """`modes` as parop's `FNO` (and `neuraloperator`) count them: on the real-FFT
+        axis the modes the kept frequencies come from, `m//2 + 1` kept of `m`."""
+        return self.modes[:-1] + (2 * (self.modes[-1] - 1),)
+
 
 PROTOCOLS = {
     2: Protocol(resolution=32, n_train=800, n_test=200, width=32, modes=(12, 7), batch_size=20, steps=1200),
@@ -330,6 +369,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="default: the protocol's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument("--parop-init", action="store_true",
+                        help="start from parop's FNO initial parameters for the seed (the same model, the same draw)")
     args = parser.parse_args()
     protocol = PROTOCOLS[args.dim]
     n, s = protocol.n_train + protocol.n_test, protocol.resolution
@@ -339,12 +380,18 @@ def main() -> None:
     u.block_until_ready()
     print(f"data: {time.perf_counter() - t0:.2f} s for {n} samples at {'x'.join([str(s)] * args.dim)}")
 
+    params = None
+    if args.parop_init:
+        from parop.nn import FNO  # only for its initial values; the model trained is this module's
+
+        model = FNO((s,) * args.dim, width=protocol.width, modes=protocol.parop_modes, layers=4)
+        params = params_from_parop(model.init(jax.random.key(args.seed)), n_layers=4)
     t0 = time.perf_counter()
     split = protocol.n_train
     result = train(
         a[:split], u[:split], a[split:], u[split:],
         steps=args.steps or protocol.steps, batch_size=protocol.batch_size, seed=args.seed,
-        log_every=args.log_every, width=protocol.width, n_layers=4, modes=protocol.modes,
+        log_every=args.log_every, params=params, width=protocol.width, n_layers=4, modes=protocol.modes,
     )  # fmt: skip
     total = time.perf_counter() - t0
     n_params = sum(x.size for x in jax.tree.leaves(result.params))

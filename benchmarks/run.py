@@ -526,7 +526,7 @@ def fno_groups(cfg: Config) -> list[Group]:
         ((32, 32), 32, (12, 12), 20, (1, 1, 2, 4)),
         ((24, 24, 24), 16, (8, 8, 8), 10, (1, 1, 2, 2, 2)),
     ]
-    layers = 2 if cfg.quick else 4
+    layers = 1 if cfg.quick else 4
     return [_fno_group(*config, layers) for config in configs]
 
 
@@ -556,10 +556,7 @@ def _fno_group(grid, width, modes, batch, partition, layers) -> Group:
         state = optimizer.init(θr)
         return lambda x, y: step(θr, state, x, y)[2]
 
-    dense = lambda k: {"w": θ[k], "b": θ[f"{k}.bias"]}  # noqa: E731
-    plain = {"lift": dense("lift"), "proj1": dense("proj1"), "proj2": dense("proj2"),
-             "layers": [{"spectral": jnp.stack([θ[f"spectral{k}"].real, θ[f"spectral{k}"].imag], -1),
-                         "skip": dense(f"skip{k}")} for k in range(layers)]}
+    plain = plain_fno.params_from_parop(θ, layers)
     plain_loss = lambda p, x, y: relative_l2(plain_fno.apply(p, x[:, 0])[:, None], y)  # noqa: E731
     plain_state = optimizer.init(plain)
 

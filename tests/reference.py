@@ -19,6 +19,17 @@ def tol(dtype) -> float:
     return 1e-4 if np.finfo(dtype).bits <= 32 else 1e-11
 
 
+def pairing(c, y) -> jax.Array:
+    """Re⟨c, y⟩: a real scalar of a linear output, the loss whose gradients the tests compare.
+
+    Written out rather than `jnp.real(jnp.vdot(c, y))`: in jax 0.10.2 the eager
+    gradient of that on a complex array sharded on one mesh, after the same on another
+    mesh, raises `IndivisibleError` (JAX reuses the first mesh; `jit(grad(...))` is not
+    affected), so a test would pass or fail with the order the suite's workers run it in.
+    """
+    return jnp.real(jnp.sum(jnp.conj(c.astype(y.dtype)) * y))
+
+
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     x = rng.standard_normal(shape)
     if np.issubdtype(dtype, np.complexfloating):

@@ -24,7 +24,9 @@ EXPECTED_ALL_TO_ALL = {
 
 
 def _env():
-    return {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_ENABLE_X64")}
+    """This process's environment for `run.py`, which sets its own device count in
+    `XLA_FLAGS` and keeps the rest (the suite's compile settings, see conftest)."""
+    return {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "JAX_ENABLE_X64")}
 
 
 def quick_run(out: Path):

@@ -11,7 +11,7 @@ import pytest
 
 import parop as po
 from parop.operators.base import Role
-from reference import DTYPES, apply_dense, dense, random_array, random_params, tol
+from reference import DTYPES, apply_dense, dense, pairing, random_array, random_params, tol
 
 BOUNDARIES = ["periodic", "zero"]
 REAL, COMPLEX = DTYPES[:2], DTYPES[2:]
@@ -42,11 +42,6 @@ CASES = [case for i in range(8) for case in (
 ] + [("complex64", "periodic", 8), ("complex128", "zero", 8)]
 
 
-def loss(y, c):
-    """A real scalar of a linear output, the same for parop and the reference."""
-    return jnp.real(jnp.vdot(c.astype(y.dtype), y))
-
-
 def check(op: po.Operator, θ, batch=(2, 3), rtol=1.0) -> None:
     """The checks of `test_operators`' leaf tests, in one compiled program (eagerly,
     each small op would compile on its own, ten times slower): `op`'s dense matrix and
@@ -61,7 +56,7 @@ def check(op: po.Operator, θ, batch=(2, 3), rtol=1.0) -> None:
 
     @jax.jit
     def run(θ, x, c):
-        grad = lambda apply, θ, x: jax.grad(lambda θ, x: loss(apply(θ, x), c), argnums=(0, 1))(θ, x)
+        grad = lambda apply, θ, x: jax.grad(lambda θ, x: pairing(c, apply(θ, x)), argnums=(0, 1))(θ, x)
         return dict(
             dense=po.to_dense(op, θ), dense_h=po.to_dense(op.H, θ), y=op.apply(θ, x),
             flat=op.apply(θ, x.reshape(op.domain_size, b)), one=op(θ) @ x[..., 0, 0].reshape(-1),

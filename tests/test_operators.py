@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import parop as po
-from reference import DTYPES, apply_dense, dense, random_array, random_params, random_tree, tol
+from reference import DTYPES, apply_dense, dense, pairing, random_array, random_params, random_tree, tol
 
 REAL = ["float32", "float64"]
 COMPLEX = ["complex64", "complex128"]
@@ -79,19 +79,14 @@ def test_leaf_apply_tensor_and_flat(leaf_case):
     np.testing.assert_allclose(np.asarray(one), want[..., 0, 0].reshape(-1), atol=tol(op.dtype) * scale)
 
 
-def loss(y, c):
-    """A real scalar of a linear output, the same for parop and the reference."""
-    return jnp.real(jnp.vdot(c.astype(y.dtype), y))
-
-
 def test_leaf_gradients_match_dense(leaf_case):
     op, θ = leaf_case
     rng = np.random.default_rng(2)
     x = jnp.asarray(random_array(rng, op.domain_shape, op.dtype))
     c = jnp.asarray(random_array(rng, op.range_shape, op.range_dtype))
-    got = jax.grad(lambda θ, x: loss(op.apply(θ, x), c), argnums=(0, 1))(θ, x)
+    got = jax.grad(lambda θ, x: pairing(c, op.apply(θ, x)), argnums=(0, 1))(θ, x)
     wide = lambda t: t.astype(jnp.complex128 if jnp.iscomplexobj(t) else jnp.float64)
-    want = jax.grad(lambda θ, x: loss(apply_dense(op, θ, x), c), argnums=(0, 1))(
+    want = jax.grad(lambda θ, x: pairing(c, apply_dense(op, θ, x)), argnums=(0, 1))(
         jax.tree.map(wide, θ), wide(x))
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w).astype(g.dtype), atol=tol(op.dtype) * 10)

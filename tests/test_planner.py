@@ -44,7 +44,7 @@ from parop.distributed.plan.program import chain
 from parop.distributed.plan.search import PlanningError, Search
 from parop.nn import FNO
 from parop.nn.fno import channel_mixing, spectral_convolution
-from reference import apply_dense, dense, random_array, random_params, random_tree
+from reference import apply_dense, dense, pairing, random_array, random_params, random_tree
 
 SCALE = float(os.environ.get("PAROP_PROPERTY_SCALE", "1"))
 F64, C128 = "float64", "complex128"
@@ -733,7 +733,7 @@ def test_a_chain_is_the_serial_network():
     c = jnp.asarray(random_array(rng, (4, 16, 8), np.float64))
 
     def network(first, second):
-        return lambda θ, x: jnp.vdot(c, second(θ, jax.nn.gelu(first(θ, x))))
+        return lambda θ, x: pairing(c, second(θ, jax.nn.gelu(first(θ, x))))
 
     distributed = network(lambda θ, x: Ds[0](θ) @ x, lambda θ, x: Ds[1](θ) @ x)
     reference = network(lambda θ, x: apply_dense(up, θ, x), lambda θ, x: apply_dense(down, θ, x))

@@ -16,7 +16,7 @@ size once.
 from __future__ import annotations
 
 import math
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Sequence
 
 import jax
@@ -177,29 +177,25 @@ class FNO:
         """Parameters as in `neuraloperator`: 1x1 convolutions and biases uniform in
         `±1/sqrt(fan_in)` (local convolutions: fan-in `width·k^d`), spectral weights with
         real and imaginary parts uniform in `[0, 1/width²)`; deterministic in `key`, each
-        weight drawn where the model keeps it (one jitted program, compiled once)."""
-        places = self.param_shardings()
-        found = self.__dict__.setdefault("_initializers", {})
-        signature = tuple(sorted(places.items(), key=lambda item: item[0]))
-        if signature not in found:
-            draws = self._draws()
-            draw_all = lambda key: {name: draw(name_key(key, name)) for name, draw in draws.items()}  # noqa: E731
-            found[signature] = jax.jit(draw_all, out_shardings=places or None)
-        return found[signature](key)
+        weight drawn where the model keeps it (one jitted program, compiled once for all
+        models of the same parameter shapes and placements)."""
+        places = tuple(sorted(self.param_shardings().items(), key=lambda item: item[0]))
+        return _initializer(self._draws(), places)(key)
 
-    def _draws(self) -> dict:
-        """`{name: key -> value}` for every parameter, biases included."""
-        draws = {}
+    def _draws(self) -> tuple[tuple, ...]:
+        """`(name, shape, dtype, kind, bound)` of every parameter, biases included: what
+        `init` draws, uniform in `[-bound, bound)`, or for the complex spectral weights
+        with real and imaginary parts uniform in `[0, 1/bound)`."""
+        draws = []
         for name, leaf in self.parameters.items():
             shape = leaf.param_shape
             if name.startswith("spectral"):
-                real = _dtypes.real_of(leaf.param_dtype)
-                draws[name] = lambda k, s=shape, r=real: jax.lax.complex(*(jax.random.uniform(k, (2,) + s, r) / self.width**2))
+                draws.append((name, shape, _dtypes.real_of(leaf.param_dtype), "spectral", self.width**2))
                 continue
             bound = 1 / math.sqrt(math.prod(shape[1:]))
-            draws[name] = lambda k, s=shape, b=bound: jax.random.uniform(k, s, self.dtype, -b, b)
-            draws[f"{name}.bias"] = lambda k, n=shape[0], b=bound: jax.random.uniform(k, (n,), self.dtype, -b, b)
-        return draws
+            draws.append((name, shape, self.dtype, "uniform", bound))
+            draws.append((f"{name}.bias", shape[:1], self.dtype, "uniform", bound))
+        return tuple(draws)
 
     def param_shardings(self) -> dict[str, NamedSharding]:
         """Where each parameter lives: nowhere in particular for a serial model."""
@@ -243,6 +239,21 @@ class FNO:
     @property
     def distributed(self) -> bool:
         return False
+
+
+@lru_cache(maxsize=None)
+def _initializer(draws: tuple[tuple, ...], places: tuple[tuple[str, NamedSharding], ...]):
+    """The jitted `key -> {name: value}` of `FNO._draws`, each value placed as `places` says."""
+
+    def draw(key: jax.Array, shape: tuple[int, ...], dtype, kind: str, bound) -> jax.Array:
+        if kind == "spectral":
+            return jax.lax.complex(*(jax.random.uniform(key, (2,) + shape, dtype) / bound))
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    def draw_all(key: jax.Array) -> Params:
+        return {name: draw(name_key(key, name), *spec) for name, *spec in draws}
+
+    return jax.jit(draw_all, out_shardings=dict(places) or None)
 
 
 def _names(entry) -> tuple[str, ...]:
