@@ -31,6 +31,8 @@ import parop as po
 from conftest import LONG
 from reference import pairing, random_array, random_params, random_tree
 
+pytestmark = pytest.mark.properties  # the long pass selects them with `-m "long or properties"`
+
 DEVICES = 8
 # PAROP_PROPERTY_SCALE=10 runs ten times the examples (a longer bug hunt); the README's
 # test command runs a quarter of them, the long pass (PAROP_LONG_TESTS=1, as in .ci/run) all
