@@ -42,7 +42,8 @@ def run(dim: int = 2, steps: int | None = None, partition: tuple[int, ...] | Non
     a_norm, u_norm = UnitGaussianNormalizer.fit(a[:split]), UnitGaussianNormalizer.fit(u[:split])
     x, y = a_norm.encode(a)[:, None], u[:, None]
     decode = lambda v: u_norm.decode(v[:, 0])[:, None]  # noqa: E731
-    model = FNO((protocol.resolution,) * dim, width=protocol.width, modes=protocol.parop_modes, layers=4)
+    model = FNO((protocol.resolution,) * dim, width=protocol.width, modes=protocol.parop_modes,
+                layers=protocol.layers)
     place = None
     if partition:
         model = model.distribute(partition)

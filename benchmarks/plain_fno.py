@@ -349,6 +349,7 @@ class Protocol:
     modes: tuple[int, ...]
     batch_size: int
     steps: int
+    layers: int = 4
 
     @property
     def parop_modes(self) -> tuple[int, ...]:
@@ -384,14 +385,14 @@ def main() -> None:
     if args.parop_init:
         from parop.nn import FNO  # only for its initial values; the model trained is this module's
 
-        model = FNO((s,) * args.dim, width=protocol.width, modes=protocol.parop_modes, layers=4)
-        params = params_from_parop(model.init(jax.random.key(args.seed)), n_layers=4)
+        model = FNO((s,) * args.dim, width=protocol.width, modes=protocol.parop_modes, layers=protocol.layers)
+        params = params_from_parop(model.init(jax.random.key(args.seed)), n_layers=protocol.layers)
     t0 = time.perf_counter()
     split = protocol.n_train
     result = train(
         a[:split], u[:split], a[split:], u[split:],
         steps=args.steps or protocol.steps, batch_size=protocol.batch_size, seed=args.seed,
-        log_every=args.log_every, params=params, width=protocol.width, n_layers=4, modes=protocol.modes,
+        log_every=args.log_every, params=params, width=protocol.width, n_layers=protocol.layers, modes=protocol.modes,
     )  # fmt: skip
     total = time.perf_counter() - t0
     n_params = sum(x.size for x in jax.tree.leaves(result.params))

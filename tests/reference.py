@@ -19,6 +19,22 @@ def tol(dtype) -> float:
     return 1e-4 if np.finfo(dtype).bits <= 32 else 1e-11
 
 
+def close(a, b) -> None:
+    """`a` (parop's, in its operator's precision) equals the float64 reference `b`, to
+    1e-10 of `b`'s largest entry for 64-bit data and 2e-5 for 32-bit."""
+    a, b = np.asarray(a), np.asarray(b)
+    tol = 1e-10 if np.finfo(a.dtype).bits == 64 else 2e-5
+    scale = max(1.0, float(np.abs(b).max())) if b.size else 1.0
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * scale)
+
+
+def close_to(got, want, rtol: float = 1e-12) -> None:
+    """`got == want`: the same shape, each entry within `rtol` of `want`'s largest."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(1.0, float(np.abs(want).max(initial=0))))
+
+
 def pairing(c, y) -> jax.Array:
     """Re⟨c, y⟩: a real scalar of a linear output, the loss whose gradients the tests compare.
 

@@ -11,14 +11,9 @@ import numpy as np
 import pytest
 
 import parop as po
-from reference import applied, pairing, random_array, random_params
+from reference import applied, close, pairing, random_array, random_params
 
 F64 = "float64"
-
-
-def close(a, b):
-    a, b = np.asarray(a), np.asarray(b)
-    np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10 * max(1.0, float(np.abs(b).max())))
 
 
 def collectives(text: str) -> dict[str, int]:

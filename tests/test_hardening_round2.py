@@ -22,16 +22,10 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 import parop as po
 from parop.nn import FNO
-from reference import random_array, random_params
+from reference import close_to, random_array, random_params
 
 RNG = np.random.default_rng
 TOL = {"float32": 1e-5, "float64": 1e-12}
-
-
-def close(got, want, rtol):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(1.0, float(np.abs(want).max(initial=0))))
 
 
 def rfft_matrix(n: int) -> np.ndarray:
@@ -52,9 +46,9 @@ def test_a_complex_multiple_of_a_real_dft():
     y = jnp.asarray(random_array(RNG(0), (5,), np.complex64))
     assert (A.H @ y).dtype == A.H.range_dtype == jnp.float32
     M = rfft_matrix(8)
-    close(A.H @ y, (M.conj().T @ (-2j * np.asarray(y, np.complex128))).real, TOL["float32"])
+    close_to(A.H @ y, (M.conj().T @ (-2j * np.asarray(y, np.complex128))).real, TOL["float32"])
     x = random_array(RNG(1), (8,), np.float32)
-    close(A @ x, 2j * np.fft.rfft(x.astype(np.float64)), TOL["float32"])
+    close_to(A @ x, 2j * np.fft.rfft(x.astype(np.float64)), TOL["float32"])
 
 
 def test_a_complex_multiple_of_a_kron_with_a_real_dft_distributed():
@@ -64,13 +58,13 @@ def test_a_complex_multiple_of_a_kron_with_a_real_dft_distributed():
     D = po.distribute((1 + 1j) * po.kron(po.DFT(8), F), (2, 1))
     assert po.testing.dot_test(D) < 1e-6
     x = random_array(RNG(2), (8, 6), np.float32)
-    close(D @ x, (1 + 1j) * np.fft.rfftn(x.astype(np.float64)), TOL["float32"])
+    close_to(D @ x, (1 + 1j) * np.fft.rfftn(x.astype(np.float64)), TOL["float32"])
     y = random_array(RNG(3), (8, 4), np.complex64)
     M = np.kron(fft_matrix(8), rfft_matrix(6))
     want = (M.conj().T @ ((1 - 1j) * y.astype(np.complex128).reshape(32))).real.reshape(8, 6)
     back = D.H @ y
     assert back.dtype == np.float32
-    close(back, want, TOL["float32"])
+    close_to(back, want, TOL["float32"])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -87,14 +81,14 @@ def test_adjoints_of_complex_scalars_on_real_dfts_are_exact(dtype):
 
     S = (F + 1j * F).H
     assert (S.dtype, S.range_dtype) == (np.dtype(cdtype), np.dtype(dtype))
-    close(S @ y, (((1 + 1j) * M).conj().T @ y).real, TOL[dtype])
+    close_to(S @ y, (((1 + 1j) * M).conj().T @ y).real, TOL[dtype])
     K = po.kron(2j * F, po.DFT(4, cdtype)).H
     assert (K.domain_shape, K.range_shape, K.range_dtype) == ((4, 4), (6, 4), np.dtype(dtype))
     N = np.kron(2j * M, fft_matrix(4))
-    close(K @ y2, (N.conj().T @ y2.reshape(16)).real.reshape(6, 4), TOL[dtype])
+    close_to(K @ y2, (N.conj().T @ y2.reshape(16)).real.reshape(6, 4), TOL[dtype])
     C = F.H @ (2j * F)
     assert (C.dtype, C.range_dtype) == (np.dtype(dtype), np.dtype(dtype))
-    close(C @ x, (M.conj().T @ (2j * M @ x)).real, TOL[dtype])  # = 0: Mᴴ M is real
+    close_to(C @ x, (M.conj().T @ (2j * M @ x)).real, TOL[dtype])  # = 0: Mᴴ M is real
     for op in (S, K, C):
         assert po.testing.dot_test(op) < 10 * TOL[dtype], op
 
@@ -282,14 +276,14 @@ def test_a_sum_of_pointwise_terms_on_a_padded_axis_plans_and_equals_serial():
     full[..., :7] = (d1[:, None] * e1[None, :] + e2[None, :]) * spectrum
     want = np.fft.irfft(np.fft.ifft(full, axis=1), 16, axis=2)
     y = D(θ) @ x
-    close(y, want, 1e-12)
-    close(y, op(θ) @ x, 1e-12)
+    close_to(y, want, 1e-12)
+    close_to(y, op(θ) @ x, 1e-12)
     c = random_array(RNG(10), (2, 16, 16), np.float64)
-    close(D.H(θ) @ c, op.H(θ) @ c, 1e-12)
+    close_to(D.H(θ) @ c, op.H(θ) @ c, 1e-12)
     loss = lambda A: (lambda θ: jnp.sum(jnp.asarray(c) * (A(θ) @ x)))  # noqa: E731
     g, r = jax.grad(loss(D))(θ), jax.grad(loss(op))(θ)
     for name in θ:
-        close(g[name], r[name], 1e-12)
+        close_to(g[name], r[name], 1e-12)
 
 
 def test_an_out_partition_on_other_mesh_axes_is_a_clear_error():

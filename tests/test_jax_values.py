@@ -30,16 +30,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import parop as po
-from reference import DTYPES, dense, random_array, random_params, random_tree
+from reference import DTYPES, close_to, dense, random_array, random_params, random_tree
 
 RNG = np.random.default_rng
-
-
-def close(got, want, rtol=1e-12):
-    """`got == want` to `rtol` of `want`'s largest entry (float64/complex128 data)."""
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(1.0, float(np.abs(want).max(initial=0))))
 
 
 def fft2_matrix(n: int) -> np.ndarray:
@@ -62,15 +55,15 @@ def test_jit_takes_an_operator_and_an_equal_rebuild_does_not_retrace():
     F = po.kron(po.DFT(16), po.DFT(16))
     x = jnp.asarray(random_array(RNG(0), (16, 16), np.complex64))
     want = np.fft.fft2(np.asarray(x, np.complex128))
-    close(apply(F, x), want, 1e-5)
+    close_to(apply(F, x), want, 1e-5)
     assert apply(F, x).dtype == np.complex64
-    close(apply(po.kron(po.DFT(16), po.DFT(16)), x), want, 1e-5)
-    close(apply(po.kron(po.DFT(16), po.DFT(16)), x), want, 1e-5)
+    close_to(apply(po.kron(po.DFT(16), po.DFT(16)), x), want, 1e-5)
+    close_to(apply(po.kron(po.DFT(16), po.DFT(16)), x), want, 1e-5)
     assert len(traces) == 1  # two equal rebuilds: one trace
-    close(apply(F, x.reshape(256)), want.reshape(256), 1e-5)  # flat input: a new shape, a new trace
-    close(apply(po.kron(po.DFT(16), po.DFT(16)), x.reshape(256)), want.reshape(256), 1e-5)
+    close_to(apply(F, x.reshape(256)), want.reshape(256), 1e-5)  # flat input: a new shape, a new trace
+    close_to(apply(po.kron(po.DFT(16), po.DFT(16)), x.reshape(256)), want.reshape(256), 1e-5)
     assert len(traces) == 2
-    close(apply(po.kron(po.DFT(16, norm="ortho"), po.DFT(16)), x), want / 4, 1e-5)
+    close_to(apply(po.kron(po.DFT(16, norm="ortho"), po.DFT(16)), x), want / 4, 1e-5)
     assert len(traces) == 3  # a different operator is different static structure
     assert jax.tree.leaves(F) == []  # no arrays: the structure is all static
 
@@ -165,9 +158,9 @@ def test_a_bound_operator_is_a_pytree_of_the_weights():
     assert isinstance(rebuilt, po.Bound) and rebuilt.operator == A and rebuilt.params == θ
     doubled = jax.tree.map(lambda w: 2 * w, B)
     assert isinstance(doubled, po.Bound) and doubled.operator == A
-    close(doubled @ x, 4 * np_apply(θ, x))  # both factors doubled
-    close(jax.jit(lambda B, x: B @ x)(B, x), np_apply(θ, x))
-    close(jax.jit(lambda B, y: B.H @ y)(B, np_apply(θ, x)),
+    close_to(doubled @ x, 4 * np_apply(θ, x))  # both factors doubled
+    close_to(jax.jit(lambda B, x: B @ x)(B, x), np_apply(θ, x))
+    close_to(jax.jit(lambda B, y: B.H @ y)(B, np_apply(θ, x)),
           np.einsum("ik,j,ij->kj", np.asarray(θ["m"]), np.asarray(θ["d"]), np_apply(θ, x)))
 
 
@@ -181,8 +174,8 @@ def test_the_gradient_of_a_bound_operator_is_a_bound_of_the_weight_gradients():
     assert jax.tree.structure(g) == jax.tree.structure(A(θ))
     M, d = np.asarray(θ["m"]), np.asarray(θ["d"])
     r = np_apply(θ, x) - t
-    close(g.params["m"], np.einsum("ij,j,kj->ik", r, d, x))
-    close(g.params["d"], np.einsum("ij,ik,kj->j", r, M, x))
+    close_to(g.params["m"], np.einsum("ij,j,kj->ik", r, d, x))
+    close_to(g.params["d"], np.einsum("ij,ik,kj->j", r, M, x))
 
 
 def test_vmap_over_a_batch_of_weights():
@@ -192,9 +185,9 @@ def test_vmap_over_a_batch_of_weights():
     y = jax.vmap(lambda B: B @ x)(A(batch))
     assert y.shape == (3, 3, 5)
     for k, θk in enumerate(θs):
-        close(y[k], np_apply(θk, x))
+        close_to(y[k], np_apply(θk, x))
     y = jax.jit(jax.vmap(lambda B, x: B @ x, in_axes=(0, None)))(A(batch), x)
-    close(y[1], np_apply(θs[1], x))
+    close_to(y[1], np_apply(θs[1], x))
 
 
 # -- 3. traced scalars ---------------------------------------------------------------------------------
@@ -214,7 +207,7 @@ def test_a_traced_scalar_under_jit_does_not_retrace_per_value(make_c):
         return (c * A)(θ) @ x
 
     for v in (2.5, -0.75, 4.0):
-        close(apply(make_c(v), θ, x), v * np_apply(θ, x))
+        close_to(apply(make_c(v), θ, x), v * np_apply(θ, x))
     assert len(traces) == 1
     S = make_c(2.5) * A
     assert jax.tree.leaves(S) == [S.c] and isinstance(S.c, jax.Array)
@@ -248,8 +241,8 @@ def test_a_complex_traced_scalar_is_conjugated_by_the_adjoint():
     y = random_array(RNG(4), (8,), np.complex128)
     for c in (jnp.complex128(1 + 2j), jnp.asarray(-0.5 + 0.25j, jnp.complex128)):
         want = np.conj(complex(c)) * 8 * np.fft.ifft(y)
-        close((c * F).H @ y, want)
-        close(jax.jit(lambda c, y: (c * F).H @ y)(c, y), want)
+        close_to((c * F).H @ y, want)
+        close_to(jax.jit(lambda c, y: (c * F).H @ y)(c, y), want)
         assert po.testing.dot_test(c * F) < 1e-14
     rF = po.DFT(8, "float64")
     M = np.fft.rfft(np.eye(8), axis=0)
@@ -258,7 +251,7 @@ def test_a_complex_traced_scalar_is_conjugated_by_the_adjoint():
     S = c * rF
     assert (S.dtype, S.range_dtype) == (np.float64, np.complex128)
     assert (S.H.dtype, S.H.range_dtype) == (np.complex128, np.float64)
-    close(jax.jit(lambda c, z: (c * rF).H @ z)(c, z), (M.conj().T @ (np.conj(complex(c)) * z)).real)
+    close_to(jax.jit(lambda c, z: (c * rF).H @ z)(c, z), (M.conj().T @ (np.conj(complex(c)) * z)).real)
     assert po.testing.dot_test(S) < 1e-14
 
 
@@ -272,13 +265,13 @@ def test_a_distributed_program_takes_the_scalar_as_an_input():
     x = random_array(RNG(8), (8, 4), np.complex128)
     ref = np.fft.fft(np.einsum("ik,jk->ji", np.asarray(θ["m"]), x), axis=0)  # DFT on axis 0, M on axis 1
     D = po.distribute(jnp.asarray(2.0) * A, (2, 1))
-    close(D(θ) @ x, 2.0 * ref)
+    close_to(D(θ) @ x, 2.0 * ref)
     call = D.setup.calls[False]
     compiled = call._cache_size()
     for v in (3.0, -1.5):
         Dv = jax.tree.map(lambda _: jnp.asarray(v), D)
         assert isinstance(Dv, po.DistributedOperator) and Dv.setup is D.setup
-        close(Dv(θ) @ x, v * ref)
+        close_to(Dv(θ) @ x, v * ref)
     assert call._cache_size() == compiled
     traces = []
 
@@ -288,15 +281,15 @@ def test_a_distributed_program_takes_the_scalar_as_an_input():
         return D(θ) @ x
 
     for v in (0.5, 4.0):
-        close(step(jax.tree.map(lambda _: jnp.asarray(v), D), x), v * ref)
+        close_to(step(jax.tree.map(lambda _: jnp.asarray(v), D), x), v * ref)
     assert len(traces) == 1
     t = jnp.asarray(random_array(RNG(9), (8, 4), np.complex128))
     loss = lambda S: jnp.sum(jnp.abs(S(θ) @ x - t) ** 2)  # noqa: E731
     g, g_serial = jax.grad(loss)(D), jax.grad(loss)(jnp.asarray(2.0) * A)
     assert isinstance(g, po.DistributedOperator)
-    close(jax.tree.leaves(g)[0], jax.tree.leaves(g_serial)[0])
+    close_to(jax.tree.leaves(g)[0], jax.tree.leaves(g_serial)[0])
     r = 2.0 * ref - np.asarray(t)  # d/dc |c y - t|² = 2 Re <y, c y - t>
-    close(jax.tree.leaves(g)[0], 2 * np.real(np.vdot(ref, r)))
+    close_to(jax.tree.leaves(g)[0], 2 * np.real(np.vdot(ref, r)))
 
 
 # -- 4. distributed operators take what serial ones take ---------------------------------------------
@@ -318,16 +311,16 @@ def test_distributed_input_like_serial_input():
     W = np.asarray(θ["w"])
     want = np.fft.fft(np.einsum("ik,jkb->jib", W, x), axis=0)
     y = D(θ) @ x
-    close(y, want)
+    close_to(y, want)
     assert y.sharding.is_equivalent_to(NamedSharding(D.mesh, P("d0", None, None)), 3)  # batch: replicated
-    close(D(θ) @ x, want)
-    close(D(θ) @ x[..., :2], want[..., :2])
+    close_to(D(θ) @ x, want)
+    close_to(D(θ) @ x[..., :2], want[..., :2])
     assert list(D.setup.plans) == [((), False), ((3,), False), ((2,), False)]  # once per batch shape
-    close(D(θ) @ x[..., 0].reshape(32), want[..., 0].reshape(32))  # flat (N,)
-    close(D(θ) @ x.reshape(32, 3), want.reshape(32, 3))  # flat (N, b)
+    close_to(D(θ) @ x[..., 0].reshape(32), want[..., 0].reshape(32))  # flat (N,)
+    close_to(D(θ) @ x.reshape(32, 3), want.reshape(32, 3))  # flat (N, b)
     dense_d = np.asarray(po.to_dense(D, θ))
-    close(dense_d, po.to_dense(op, θ))
-    close(dense_d, np.kron(fft2_matrix(8), W))
+    close_to(dense_d, po.to_dense(op, θ))
+    close_to(dense_d, np.kron(fft2_matrix(8), W))
     assert po.testing.dot_test(D, θ) < 1e-14
 
 
@@ -342,21 +335,21 @@ def test_combinations_of_distributed_operators_equal_their_serial_counterparts()
     xs = np.asarray(x)
     run = jax.jit(lambda x: (D2 @ D1) @ x)
     y = run(x)
-    close(y, np.fft.fft2(xs))
-    close(y, (op2 @ op1) @ x)
+    close_to(y, np.fft.fft2(xs))
+    close_to(y, (op2 @ op1) @ x)
     assert y.sharding.is_equivalent_to(D2.out_sharding, 2)
     text = run.lower(x).compile().as_text()
     planned = D1.plan.collectives()["all_to_all"] + D2.plan.collectives()["all_to_all"]
     assert text.count("all-to-all(") == planned
     assert text.count("all-gather(") == 0 and text.count("collective-permute(") == 0
-    close((D1 + D2) @ x, np.fft.fft(xs, axis=0) + np.fft.fft(xs, axis=1))
-    close((D1 + D2) @ x, (op1 + op2) @ x)
-    close((2 * D1) @ x, 2 * np.fft.fft(xs, axis=0))
-    close((D1 - D2) @ x, (op1 - op2) @ x)
+    close_to((D1 + D2) @ x, np.fft.fft(xs, axis=0) + np.fft.fft(xs, axis=1))
+    close_to((D1 + D2) @ x, (op1 + op2) @ x)
+    close_to((2 * D1) @ x, 2 * np.fft.fft(xs, axis=0))
+    close_to((D1 - D2) @ x, (op1 - op2) @ x)
     scaled = jax.jit(lambda c, x: (c * D1) @ x)
     for c in (1.5 - 0.5j, -2.0 + 1j):
-        close(scaled(jnp.complex128(c), x), c * np.fft.fft(xs, axis=0))
-        close(scaled(jnp.complex128(c), x), (jnp.complex128(c) * op1) @ x)
+        close_to(scaled(jnp.complex128(c), x), c * np.fft.fft(xs, axis=0))
+        close_to(scaled(jnp.complex128(c), x), (jnp.complex128(c) * op1) @ x)
     assert (2 * D1).distributed and (D1 + D2).distributed and (D2 @ D1).distributed
 
 
@@ -397,12 +390,12 @@ def test_transpose_is_the_dense_transpose_of_complex_linear_operators():
         A = random_tree(rng, shape, "complex128", depth=2)
         θ = random_params(A, seed)
         M = np.asarray(dense(A, θ))
-        close(po.to_dense(A.T, θ), M.T)
-        close(po.to_dense(A.T.H, θ), M.conj())  # (A.T).H is the elementwise conjugate
+        close_to(po.to_dense(A.T, θ), M.T)
+        close_to(po.to_dense(A.T.H, θ), M.conj())  # (A.T).H is the elementwise conjugate
         assert A.T.T is A and A.T.shape == A.shape[::-1]
         assert (A.T.dtype, A.T.range_dtype) == (A.range_dtype, A.dtype)
     c = jnp.complex128(0.5 + 2j)
-    close(po.to_dense((c * po.DFT(6, "complex128")).T), complex(c) * fft2_matrix(6).T)
+    close_to(po.to_dense((c * po.DFT(6, "complex128")).T), complex(c) * fft2_matrix(6).T)
 
 
 REAL_DFTS = {
@@ -434,10 +427,10 @@ def test_transpose_of_real_dft_operators_is_jax_linear_transpose(name):
 
     (by_dense,) = jax.linear_transpose(reference, x)(y)
     assert got.dtype == by_jax.dtype == A.dtype and got.shape == A.domain_shape
-    close(got, by_jax)
-    close(got, by_dense)
+    close_to(got, by_jax)
+    close_to(got, by_dense)
     assert A.T.T is A
-    close(jax.jit(lambda A, y: A.T @ y)(A, y), by_jax)
+    close_to(jax.jit(lambda A, y: A.T @ y)(A, y), by_jax)
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -478,8 +471,8 @@ def test_distributed_transpose():
     D = po.distribute(A, (2, 2))
     y = random_array(RNG(14), (8, 4), np.complex128)
     want = np.kron(fft2_matrix(8), np.asarray(θ["w"])).T @ y.reshape(32)
-    close(D.T(θ) @ y, want.reshape(8, 4))
-    close(D.T(θ) @ y, A.T(θ) @ y)
+    close_to(D.T(θ) @ y, want.reshape(8, 4))
+    close_to(D.T(θ) @ y, A.T(θ) @ y)
     assert D.T.T is D and D.T.distributed
     assert set(D.setup.plans) == {((), False), ((), True)}
     R = po.kron(po.DFT(8, "complex128"), po.DFT(8, "float64"))
@@ -487,5 +480,5 @@ def test_distributed_transpose():
     z = jnp.asarray(random_array(RNG(15), R.range_shape, np.complex128))
     x = jnp.zeros(R.domain_shape, np.float64)
     (by_jax,) = jax.linear_transpose(lambda v: R @ v, x)(z)
-    close(DR.T @ z, by_jax)
+    close_to(DR.T @ z, by_jax)
     assert (DR.T @ z).dtype == np.float64

@@ -44,7 +44,7 @@ from parop.distributed.plan.program import chain
 from parop.distributed.plan.search import PlanningError, Search
 from parop.nn import FNO
 from parop.nn.fno import channel_mixing, spectral_convolution
-from reference import apply_dense, dense, pairing, random_array, random_params, random_tree
+from reference import apply_dense, close, dense, pairing, random_array, random_params, random_tree
 
 SCALE = float(os.environ.get("PAROP_PROPERTY_SCALE", "1"))
 F64, C128 = "float64", "complex128"
@@ -53,14 +53,6 @@ F64, C128 = "float64", "complex128"
 def mesh_of(sizes, names):
     n = math.prod(sizes)
     return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(sizes), devices=jax.devices()[:n])
-
-
-def close(a, b):
-    """`a` (parop's, in its operator's precision) equals the float64 reference `b`."""
-    a, b = np.asarray(a), np.asarray(b)
-    tol = 1e-10 if np.finfo(a.dtype).bits == 64 else 2e-5  # float64/complex128, else float32 rounding
-    scale = max(1.0, float(np.abs(b).max())) if b.size else 1.0
-    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * scale)
 
 
 # == 1. the fast search is exact ==========================================================

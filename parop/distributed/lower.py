@@ -9,9 +9,8 @@ with `c` a JAX array) enter as replicated inputs, so a new value reuses the prog
 
 from __future__ import annotations
 
-from typing import Callable
-
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
