@@ -1,5 +1,7 @@
-"""The tutorial notebooks run top to bottom, in a quick mode (20 FNO training steps),
-and the committed notebooks are the ones `notebooks/_build.py` writes (and stay small).
+"""The tutorial notebooks run top to bottom from their sources (`notebooks/NN_name.py`,
+jupytext percent format) in a quick mode (20 FNO training steps), and each committed
+`NN_name.ipynb` is its source's cells with the outputs of a full run (what
+`python notebooks/build.py` writes), small enough to keep in git.
 
 Each notebook runs in a fresh kernel of *this* interpreter: the test writes a kernelspec
 for `sys.executable` into a temporary directory (nothing outside the `dev` extra, no
@@ -8,7 +10,6 @@ kernelspec installed by hand), with the repository root on the kernel's `PYTHONP
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -16,12 +17,13 @@ from pathlib import Path
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
+jupytext = pytest.importorskip("jupytext")
 pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
-NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
+SOURCES = sorted(NOTEBOOK_DIR.glob("[0-9]*.py"))
 KERNEL = "parop-notebooks"
 CELL_TIMEOUT = 300  # seconds per cell
 QUICK_STEPS = "20"
@@ -45,18 +47,20 @@ def kernel_manager(tmp_path_factory):
     return lambda: KernelManager(kernel_name=KERNEL, kernel_spec_manager=specs)
 
 
-def test_there_are_five_notebooks():
-    assert [p.stem for p in NOTEBOOKS] == [
+def test_there_are_five_notebooks_each_with_its_source():
+    names = [
         "01_operator_algebra", "02_distributed_fft", "03_weight_sharing_and_reduce", "04_distributed_fno",
         "05_fno_3d",
     ]
+    assert [p.stem for p in SOURCES] == names
+    assert [p.stem for p in sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb"))] == names
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path, kernel_manager):
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_notebook_runs(source, kernel_manager):
     from nbclient import NotebookClient
 
-    nb = nbformat.read(path, as_version=4)
+    nb = jupytext.read(source)
     client = NotebookClient(
         nb, km=kernel_manager(), kernel_name=KERNEL, timeout=CELL_TIMEOUT, allow_errors=False,
         resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
@@ -66,18 +70,18 @@ def test_notebook_runs(path, kernel_manager):
     assert not errors
 
 
-def test_committed_notebooks_match_the_build_script():
-    spec = importlib.util.spec_from_file_location("_build", NOTEBOOK_DIR / "_build.py")
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    for name in build.NOTEBOOKS:
-        committed = nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
-        want = build.build(name)
-        got = [(c.cell_type, c.source) for c in committed.cells]
-        assert got == [(c.cell_type, c.source) for c in want.cells], (
-            f"{name}.ipynb differs from notebooks/_build.py: run `python notebooks/_build.py --execute {name[:2]}`"
-        )
-        unrun = [i for i, c in enumerate(committed.cells) if c.cell_type == "code" and not c.get("execution_count")]
-        assert not unrun, f"{name}.ipynb is saved without outputs (code cells {unrun}): run it with --execute"
-        size = (NOTEBOOK_DIR / f"{name}.ipynb").stat().st_size
-        assert size < 300_000, f"{name}.ipynb is {size} bytes"
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_committed_notebook_is_its_source_run_in_full(source):
+    path = source.with_suffix(".ipynb")
+    committed = nbformat.read(path, as_version=4)
+    rebuild = f"run `python notebooks/build.py {source.stem[:2]}`"
+    got = [(c.cell_type, c.source) for c in committed.cells]
+    assert got == [(c.cell_type, c.source) for c in jupytext.read(source).cells], (
+        f"{path.name} differs from its source {source.name}: {rebuild}")
+    code = [c for c in committed.cells if c.cell_type == "code"]
+    unrun = [i for i, c in enumerate(code) if not c.get("execution_count")]
+    assert not unrun, f"{path.name} is saved without outputs (code cells {unrun}): {rebuild}"
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), f"{path.name}: not run in order"
+    text = "".join(o.get("text", "") for c in code for o in c.outputs)
+    assert f" {QUICK_STEPS} training steps" not in text, f"{path.name} shows the tests' quick mode: {rebuild}"
+    assert path.stat().st_size < 300_000, f"{path.name} is {path.stat().st_size} bytes"
