@@ -1,5 +1,5 @@
-"""The timing harness of `benchmarks/run.py`: candidates, groups, interleaved timing,
-correctness checks and the markdown tables.
+"""The timing harness of `benchmarks/run.py`: what a case is given (`Run`), candidates,
+groups, interleaved timing, correctness checks and the markdown tables.
 
 A `Group` is one comparison (one problem): its `Candidate`s each compute the same
 result, which is first checked against a NumPy reference; then every candidate is
@@ -18,13 +18,36 @@ it is more robust when the machine's load drifts.
 from __future__ import annotations
 
 import gc
+import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from ._hlo import HloLog
+
+N_DEVICES = 8  # the forced CPU host devices (or accelerators, with --gpu) a run needs
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker_args(module: str, payload) -> list[str]:
+    """The command line of a child process running `benchmarks/<module>.py` on the JSON
+    of `payload` (from the repository root `ROOT`, in this process's environment)."""
+    return [sys.executable, "-m", f"benchmarks.{module}", json.dumps(payload)]
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every case is given: the mode (`quick`: small sizes, a smoke test) and the log
+    its compiled programs' collectives go to (case f)."""
+
+    quick: bool
+    hlo: HloLog = field(default_factory=HloLog)
 
 
 @dataclass

@@ -10,12 +10,15 @@ reduce-scatter / collective-permute instructions of a compiled module (an async
   `S (g-1)/g`, all-gather `S (g-1)`, all-reduce `2 S (g-1)/g` (ring),
   reduce-scatter `S (g-1)/g`, collective-permute `S`, with `S` the operand bytes and
   `g` the replica-group size. This is the quantity `parop`'s `Plan.bytes` predicts.
+
+`HloLog` collects one row of these per program a benchmark run compiles.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 
 KINDS = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
 
@@ -128,3 +131,30 @@ def collectives(text: str, n_devices: int = 8) -> dict:
             "collective-permute": nbytes,
         }[kind]
     return {"counts": counts, "operand_bytes": operand_total, "sent_bytes": sent_total}
+
+
+@dataclass
+class HloLog:
+    """The collectives of every compiled program a benchmark run looked at, one row per
+    program (case f's table), next to parop's own count and bytes where a plan is given.
+
+    ```python
+    log = HloLog()
+    log.add("c2c 32³", "parop", jax.jit(lambda x: D @ x).lower(xs).compile(), plan=D.plan)
+    ```
+    """
+
+    n_devices: int = 8
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, problem: str, program: str, compiled, plan=None) -> dict:
+        """Adds the row of the collectives of `compiled` (a `jax.stages.Compiled`, e.g.
+        `jax.jit(f).lower(x).compile()`)."""
+        info = collectives(compiled.as_text(), self.n_devices)
+        row = {"problem": problem, "program": program, **info["counts"],
+               "operand_bytes": info["operand_bytes"], "sent_bytes": info["sent_bytes"]}
+        if plan is not None:
+            counts = plan.collectives()
+            row |= {"plan_all_to_all": counts["all_to_all"], "plan_psum": counts["psum"], "plan_bytes": plan.bytes}
+        self.rows.append(row)
+        return row

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import parop as po
 
-from ._harness import Candidate, Group
+from ._harness import Candidate, Group, Run
 
 DIMENSIONS = ("NCDHW", "OIDHW", "NCDHW")
 
@@ -50,8 +50,8 @@ def _exchanged(x: jax.Array, axis: int, name: str, devices: int) -> jax.Array:
     return jnp.concatenate([left, x, right], axis=axis)
 
 
-def halo_groups(quick: bool, hlo_row) -> list[Group]:
-    n, c = (32, 16) if quick else (64, 16)
+def groups(run: Run) -> list[Group]:
+    n, c = (32, 16) if run.quick else (64, 16)
     op = po.Convolution(c, c, (3, 3, 3), (n, n, n), boundary="zero", name="w")
     partition = (1, 2, 2, 2)
     D = po.distribute(op, partition)
@@ -82,10 +82,9 @@ def halo_groups(quick: bool, hlo_row) -> list[Group]:
     g.notes.append(f"{problem}: parop's plan: " + "; ".join(line.strip() for line in D.plan.lines()[2:-3]))
 
     def after(g):
-        run, _ = D._program(())
-        hlo_row(problem, "parop", run, (xs, ws), plan=D.plan)
-        hlo_row(problem, "hand shard_map + ppermute", hand, (xs, ws))
-        hlo_row(problem, "jit(conv_general_dilated) sharded", xla, (xs, ws))
+        run.hlo.add(problem, "parop", jax.jit(lambda x, w: D({"w": w}) @ x).lower(xs, ws).compile(), plan=D.plan)
+        run.hlo.add(problem, "hand shard_map + ppermute", hand.lower(xs, ws).compile())
+        run.hlo.add(problem, "jit(conv_general_dilated) sharded", xla.lower(xs, ws).compile())
 
     g.after = after
     return [g]

@@ -12,8 +12,9 @@ import jax
 import numpy as np
 import optax
 
-from parop.nn import FNO, relative_l2
-from parop.nn.train import as_real, make_step
+from parop.nn import FNO, as_real, relative_l2
+
+from ._train import adam_step
 
 
 def step_memory(model, batch: int) -> dict:
@@ -27,7 +28,7 @@ def step_memory(model, batch: int) -> dict:
     sharding = getattr(model, "in_sharding", None)
     x = jax.ShapeDtypeStruct(shape, model.dtype, sharding=sharding)
     loss = lambda θ, a, u: relative_l2(model.apply(θ, a), u)  # noqa: E731
-    step = make_step(loss, optimizer, θ)
+    step = adam_step(loss, optimizer, θ)
     with jax.numpy_dtype_promotion("standard"):
         analysis = step.lower(θr, state, x, x).compile().memory_analysis()
     out = {"arguments": analysis.argument_size_in_bytes, "outputs": analysis.output_size_in_bytes,

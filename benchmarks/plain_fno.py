@@ -58,7 +58,7 @@ import numpy as np
 import optax
 
 from parop.datasets import darcy_flow
-from parop.nn.train import UnitGaussianNormalizer, relative_l2  # shared training code, no operators
+from parop.nn import UnitGaussianNormalizer, relative_l2  # shared training code, no operators
 
 Params = dict[str, Any]
 

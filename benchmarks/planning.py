@@ -14,8 +14,7 @@ import time
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 import parop as po
-from parop.nn import FNO
-from parop.nn.fno import channel_mixing, spectral_convolution
+from parop.nn import FNO, channel_mixing, spectral_convolution
 
 
 def fno_layer(batch: int, width: int, grid: tuple[int, ...], modes: tuple[int, ...]):

@@ -118,7 +118,7 @@ def check_jaxdecomp_is_checked_where_installed_and_skipped_with_its_reason_other
 
 def test_jaxdecomp_not_importable_is_a_reason_to_skip(monkeypatch):
     sys.path.insert(0, str(ROOT))
-    from benchmarks.run import jaxdecomp_fft, jaxdecomp_note
+    from benchmarks.fft import jaxdecomp_fft, jaxdecomp_note
 
     monkeypatch.setitem(sys.modules, "jaxdecomp", None)  # `import jaxdecomp` raises ModuleNotFoundError
     assert jaxdecomp_fft("c2c", (2, 4, 1)) == (None, None, "jaxdecomp not importable (ModuleNotFoundError)")
@@ -149,9 +149,10 @@ def check_compile_time_was_measured(run):
 
 def test_an_xla_abort_is_reported_and_the_benchmark_goes_on():
     """XLA can abort the process on some sharded FFTs (fft_handler.cc): `run.py` probes
-    `jit(fftn)` in a child process, reports the abort and probes the rest afresh."""
+    `jit(fftn)` in a child process (`benchmarks/fft.py`), reports the abort and probes
+    the rest afresh."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.run import XlaProbe
+    from benchmarks.fft import XlaProbe
 
     specs = [
         {"id": "boom", "kind": "c2c", "n": 8, "partition": [8, 1, 1], "simulate_abort": True},
