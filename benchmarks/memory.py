@@ -14,7 +14,13 @@ import optax
 
 from parop.nn import FNO, as_real, relative_l2
 
+from ._harness import Target
 from ._train import adam_step
+
+TITLE = "Per-device memory of one compiled FNO training step (arguments + outputs + temporaries)"
+COLUMNS = [("model", "model"), ("partition", "partition"), ("devices", "devices"), ("arguments", "arguments"),
+           ("outputs", "outputs"), ("temporaries", "temporaries"), ("total", "total"),
+           ("ratio", "/ serial")]  # (row key, column label)
 
 
 def step_memory(model, batch: int) -> dict:
@@ -55,3 +61,9 @@ def memory_rows(quick: bool) -> list[dict]:
         row["ratio"] = row["total"] / serial
     return [{"model": f"3-D FNO {'x'.join(map(str, grid))}, width 20, modes {modes}, {layers} layers, batch 1", **r}
             for r in rows]
+
+
+def targets(rows: list[dict]) -> list[Target]:
+    """On 8 devices, at most 0.15 of the serial step's memory per device."""
+    return [Target(f"i {r['model']} on {r['partition']}: memory / serial", "<=", 0.15, value=r["ratio"])
+            for r in rows if r["devices"] == 8]

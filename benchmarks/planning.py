@@ -16,6 +16,12 @@ from jax.sharding import AbstractMesh, PartitionSpec as P
 import parop as po
 from parop.nn import FNO, channel_mixing, spectral_convolution
 
+from ._harness import Target
+
+TITLE = "Planning time (each plan from scratch; 16-device meshes planned from their shape)"
+COLUMNS = [("operator", "operator"), ("partition", "partition"), ("devices", "devices"),
+           ("states", "states expanded"), ("seconds", "seconds")]  # (row key, column label)
+
 
 def fno_layer(batch: int, width: int, grid: tuple[int, ...], modes: tuple[int, ...]):
     """One Fourier layer, spectral convolution + 1x1 skip, as the FNO builds it."""
@@ -60,3 +66,8 @@ def planning_rows(quick: bool) -> list[dict]:
         rows.append({"operator": label, "partition": partition, "devices": mesh.size,
                      "states": Ds[0].plan.states_expanded, "seconds": seconds, "limit": limit})
     return rows
+
+
+def targets(rows: list[dict]) -> list[Target]:
+    return [Target(f"h plan {r['operator']} on {r['partition']}", "<", r["limit"], value=r["seconds"], unit="s")
+            for r in rows if r["limit"] is not None]
