@@ -167,7 +167,7 @@ def _stored(manager, step: int, where: str) -> tuple[PyTree, dict]:
         raise ValueError(f"{where}: its metadata cannot be read: {_first_line(error)}") from error
     if tree is None or tree.tree is None:
         raise ValueError(f"{where} is incomplete: the metadata of its arrays (default/_METADATA) is missing")
-    if checksums is None:
+    if not isinstance(checksums, dict):
         raise ValueError(f"{where} has no checksums: its step metadata (_CHECKPOINT_METADATA) is missing or "
                          "damaged, or it was not written by parop.checkpoint.save")
     return tree.tree, checksums
@@ -206,8 +206,10 @@ def _verify(restored: PyTree, checksums: dict, where: str) -> None:
     """A `ValueError` naming the first array and shard of `restored` whose sums differ
     from those saved, or the arrays that have none."""
     leaves = _flat(restored)
-    if leaves.keys() - checksums.keys():
-        raise ValueError(f"{where} is incomplete: no checksums for {', '.join(sorted(leaves.keys() - checksums.keys()))}")
+    damaged = sorted(key for key, x in leaves.items() if not _fits(checksums.get(key), np.shape(x)))
+    if damaged:
+        raise ValueError(f"{where}: the checksums of {', '.join(damaged)} are missing or damaged "
+                         "(in its step metadata, _CHECKPOINT_METADATA)")
     sums = _sums({key: (x, checksums[key]["cuts"]) for key, x in leaves.items()})
     for key, got in sums.items():
         cuts = checksums[key]["cuts"]
@@ -217,6 +219,17 @@ def _verify(restored: PyTree, checksums: dict, where: str) -> None:
                 shard = ", ".join(f"{c[i]}:{c[i + 1]}" for c, i in zip(cuts, place))
                 raise ValueError(f"{where}: {key}[{shard}] does not match its checksum: "
                                  "the checkpoint's files are damaged")
+
+
+def _fits(entry, shape: tuple[int, ...]) -> bool:
+    """Whether `entry` is a `CHECKSUMS` entry of an array of shape `shape`."""
+    try:
+        cuts, sums = entry["cuts"], entry["sums"]
+        return (len(cuts) == len(shape) and all(c[0] == 0 and c[-1] == n and sorted(c) == c for c, n in zip(cuts, shape))
+                and all(isinstance(i, int) for i in [*sums, *(i for c in cuts for i in c)])
+                and len(sums) == int(np.prod([len(c) - 1 for c in cuts])))
+    except (KeyError, TypeError, IndexError):
+        return False
 
 
 def _cuts(x) -> list[list[int]]:
