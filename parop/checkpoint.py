@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -246,8 +247,17 @@ def _cuts(x) -> list[list[int]]:
 
 def _sums(leaves: dict[str, tuple[Any, list[list[int]]]]) -> dict[str, list[int]]:
     """Each array's sums per cell of its `cuts`, `B << 32 | A`: the sums over what this
-    process holds, added up over the processes for arrays they share."""
-    partial = {key: _local_sums(x, cuts) for key, (x, cuts) in leaves.items()}
+    process holds (the blocks summed in threads: NumPy's sums release the GIL), added up
+    over the processes for arrays they share."""
+    blocks = {key: list(_blocks(x, cuts)) for key, (x, cuts) in leaves.items()}
+    todo = [(block, start, [c[-1] for c in leaves[key][1]]) for key in blocks for _, block, start in blocks[key]]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        done = iter(pool.map(lambda args: _block_sums(*args), todo))
+    partial = {}
+    for key, (x, cuts) in leaves.items():
+        partial[key] = np.zeros((int(np.prod([len(c) - 1 for c in cuts])), 2), np.uint32)
+        for cell, _, _ in blocks[key]:
+            partial[key][cell] += next(done)
     shared = [key for key, (x, _) in leaves.items() if isinstance(x, jax.Array) and not x.is_fully_addressable]
     if shared:
         from jax.experimental import multihost_utils
@@ -259,11 +269,11 @@ def _sums(leaves: dict[str, tuple[Any, list[list[int]]]]) -> dict[str, list[int]
     return {key: [int(b) << 32 | int(a) for a, b in s] for key, s in partial.items()}
 
 
-def _local_sums(x, cuts: list[list[int]]) -> np.ndarray:
-    """`(A, B)` (uint32) of each cell of `cuts` over the pieces of `x` this process holds
-    (the shards it holds the first replica of, or the whole NumPy array)."""
+def _blocks(x, cuts: list[list[int]]):
+    """`(cell, words, start)` for each piece of a cell of `cuts` that this process holds
+    (of the shards it holds the first replica of, or of the whole NumPy array): the
+    cell's index in C order, the piece's words and where the piece starts."""
     counts = [len(c) - 1 for c in cuts]
-    sums = np.zeros((int(np.prod(counts)), 2), np.uint32)
     if isinstance(x, jax.Array):
         pieces = [(s.data, [i.indices(n)[:2] for i, n in zip(s.index, x.shape)])
                   for s in x.addressable_shards if s.replica_id == 0]
@@ -277,9 +287,7 @@ def _local_sums(x, cuts: list[list[int]]) -> np.ndarray:
             index = 0
             for (i, _, _), n in zip(cell, counts):
                 index = index * n + i
-            block = words[tuple(slice(a - lo, b - lo) for (_, a, b), (lo, _) in zip(cell, box))]
-            sums[index] += _block_sums(block, [a for _, a, _ in cell], [c[-1] for c in cuts])
-    return sums
+            yield index, words[tuple(slice(a - lo, b - lo) for (_, a, b), (lo, _) in zip(cell, box))], [a for _, a, _ in cell]
 
 
 def _words(data: np.ndarray) -> np.ndarray:
@@ -291,17 +299,23 @@ def _words(data: np.ndarray) -> np.ndarray:
 
 def _block_sums(block: np.ndarray, start: list[int], shape: list[int]) -> np.ndarray:
     """`(A, B)` of `block`, words `(*shape, k)` of the array from `start` on: `A = Σ w`,
-    `B = Σ w·(g + 1)`, `g` a word's C-order place in the whole array, both modulo 2**32.
-    `g` is a sum over the axes, so `B` is made from the sums over all axes but one."""
+    `B = Σ w·(g + 1)`, `g` a word's C-order place in the whole array, both modulo 2**32."""
     k = block.shape[-1]
     strides = [k * int(np.prod(shape[axis + 1:])) for axis in range(len(shape))] + [1]
-    b = 0
-    for axis in range(block.ndim):
-        margin = block.sum(axis=tuple(e for e in range(block.ndim) if e != axis), dtype=np.uint32)
-        b += strides[axis] * int((margin * np.arange(margin.size, dtype=np.uint32)).sum(dtype=np.uint32))
-    a = int(margin.sum(dtype=np.uint32))
+    a, b = _moments(block, strides)
     b += a * (1 + sum(s * o for s, o in zip(strides, start)))
     return np.array([a % 2**32, b % 2**32], np.uint32)
+
+
+def _moments(block: np.ndarray, strides: list[int]) -> tuple[int, int]:
+    """`Σ w` and `Σ w·Σ_d l_d·strides[d]` over `block` (`l` a word's place in it), both
+    modulo 2**32. The second is a sum over the axes, so two passes over `block` make it:
+    the sums over all axes but the first, and over the first (a smaller array to recurse on)."""
+    first = block.sum(axis=tuple(range(1, block.ndim)), dtype=np.uint32)
+    b = strides[0] * int((first * np.arange(first.size, dtype=np.uint32)).sum(dtype=np.uint32))
+    if block.ndim > 1:
+        b += _moments(block.sum(axis=0, dtype=np.uint32), strides[1:])[1]
+    return int(first.sum(dtype=np.uint32)), b
 
 
 def _manager(path: PathLike, **options):
