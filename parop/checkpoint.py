@@ -130,6 +130,8 @@ def restore(path: PathLike, like: PyTree, *, step: int | None = None) -> PyTree:
         step = manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"restore: no checkpoint in {os.fspath(path)!r}")
+        if step not in manager.all_steps():
+            raise FileNotFoundError(f"restore: no step {step} in {os.fspath(path)!r} (steps: {manager.all_steps()})")
         where = f"restore: step {step} of {os.fspath(path)!r}"
         stored, checksums = _stored(manager, step, where)
         _check_like(stored, like, where)
@@ -147,7 +149,7 @@ def restore(path: PathLike, like: PyTree, *, step: int | None = None) -> PyTree:
 def _first_line(error: Exception) -> str:
     """The gist of an orbax or tensorstore error (whose later lines spell out whole
     tensorstore specs; the chained error keeps them)."""
-    return f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
 
 
 def _default_placed(x) -> bool:
@@ -226,7 +228,8 @@ def _fits(entry, shape: tuple[int, ...]) -> bool:
     """Whether `entry` is a `CHECKSUMS` entry of an array of shape `shape`."""
     try:
         cuts, sums = entry["cuts"], entry["sums"]
-        return (len(cuts) == len(shape) and all(c[0] == 0 and c[-1] == n and sorted(c) == c for c, n in zip(cuts, shape))
+        return (len(cuts) == len(shape)
+                and all(c[0] == 0 and c[-1] == n and sorted(c) == c for c, n in zip(cuts, shape))
                 and all(isinstance(i, int) for i in [*sums, *(i for c in cuts for i in c)])
                 and len(sums) == int(np.prod([len(c) - 1 for c in cuts])))
     except (KeyError, TypeError, IndexError):
@@ -287,7 +290,8 @@ def _blocks(x, cuts: list[list[int]]):
             index = 0
             for (i, _, _), n in zip(cell, counts):
                 index = index * n + i
-            yield index, words[tuple(slice(a - lo, b - lo) for (_, a, b), (lo, _) in zip(cell, box))], [a for _, a, _ in cell]
+            piece = tuple(slice(a - lo, b - lo) for (_, a, b), (lo, _) in zip(cell, box))
+            yield index, words[piece], [a for _, a, _ in cell]
 
 
 def _words(data: np.ndarray) -> np.ndarray:

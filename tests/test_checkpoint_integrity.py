@@ -17,7 +17,6 @@ import pytest
 
 from parop import checkpoint
 from parop.nn import fit
-from test_train import Tiny, data
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +44,13 @@ def damaged_copy(source: Path, target: Path, damage) -> None:
             path.write_bytes(changed)
 
 
+class Scale:
+    """A model for `fit` that never trains here: it only has to be resumed."""
+
+    def apply(self, θ, a):
+        return θ["w"] * a
+
+
 def flip(data: bytes, byte: int, bit: int = 0) -> bytes:
     return data[:byte] + bytes([data[byte] ^ 1 << bit]) + data[byte + 1:]
 
@@ -62,8 +68,8 @@ def test_a_damaged_shard_is_named_on_restore_onto_any_sharding(tmp_path):
         "serial": jnp.zeros(w.shape, w.dtype),
     }
     for name, target in targets.items():  # undamaged: exact, on each sharding
-        np.testing.assert_array_equal(np.asarray(checkpoint.restore(tmp_path / "ok", {"w": target, "n": np.zeros(3)})["w"]),
-                                      saved, err_msg=name)
+        restored = checkpoint.restore(tmp_path / "ok", {"w": target, "n": np.zeros(3)})["w"]
+        np.testing.assert_array_equal(np.asarray(restored), saved, err_msg=name)
     for shard in (0, 5):
         columns = slice(8 * shard, 8 * shard + 8)
         raw = np.ascontiguousarray(saved[:, columns]).tobytes()
@@ -78,11 +84,14 @@ def test_a_damaged_shard_is_named_on_restore_onto_any_sharding(tmp_path):
         damaged_copy(tmp_path / "ok", tmp_path / "bad", damage)
         assert len(found) == 1, found  # the shard's bytes, once, in one data file
         for name, target in targets.items():
-            message = rf"restore: step 1 of '.*bad': w\[0:64, {columns.start}:{columns.stop}\] does not match its checksum"
+            message = (rf"restore: step 1 of '.*bad': w\[0:64, {columns.start}:{columns.stop}\] "
+                       "does not match its checksum: the checkpoint's files are damaged")
             with pytest.raises(ValueError, match=message):
                 checkpoint.restore(tmp_path / "bad", {"w": target, "n": np.zeros(3)})
 
 
+# orbax leaves the reads of a damaged step's other arrays unawaited after the error
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_each_file_flipped_or_truncated_restores_exactly_or_says_so(tmp_path):
     tree = {"w": column_sharded((64, 32)), "opt": {"count": jnp.asarray(7), "n": np.linspace(0, 1, 300)}}
     checkpoint.save(tmp_path / "ok", tree, step=1)
@@ -92,7 +101,7 @@ def test_each_file_flipped_or_truncated_restores_exactly_or_says_so(tmp_path):
     for file in files:
         for kind, damage in (("bit", lambda c: flip(c, len(c) // 2, 5)), ("truncated", lambda c: c[:len(c) // 2])):
             damaged_copy(tmp_path / "ok", tmp_path / "bad",
-                         lambda p, c, file=file, damage=damage: damage(c) if p.relative_to(tmp_path / "bad") == file else None)
+                         lambda p, c, file=file, damage=damage: damage(c) if p.match(f"bad/{file}") else None)
             try:
                 restored = checkpoint.restore(tmp_path / "bad", tree)
             except ValueError as error:
@@ -138,11 +147,12 @@ def test_restore_names_the_keys_that_differ_and_incomplete_steps(tmp_path):
                                          r"saved but not in `like`: b; in `like` but not saved: c, v/x$"):
         checkpoint.restore(tmp_path / "ok", {"w": tree["w"], "c": np.zeros(2), "v": {"x": np.zeros(1)}})
     # fit pointed at a directory that holds no checkpoint of its own
-    model = Tiny()
-    a, u = data(8)
+    a = u = np.ones((4, 2), np.float32)
     with pytest.raises(ValueError, match=r"fit: cannot resume from '.*': restore: step 1 of .* in `like` "
                                          r"but not saved: losses, opt_state/0/count"):
-        fit(model, model.init(jax.random.key(0)), a, u, steps=2, batch=4, progress=False, checkpoint=tmp_path / "ok")
+        fit(Scale(), {"w": jnp.ones(())}, a, u, steps=2, batch=4, progress=False, checkpoint=tmp_path / "ok")
+    with pytest.raises(FileNotFoundError, match=r"restore: no step 2 in '.*ok' \(steps: \[1\]\)"):
+        checkpoint.restore(tmp_path / "ok", tree, step=2)
     for missing, message in [("_CHECKPOINT_METADATA", r"step 1 of '.*' has no checksums"),
                              ("default/_METADATA", r"step 1 of '.*' is incomplete: the metadata of its arrays")]:
         damaged_copy(tmp_path / "ok", tmp_path / "bad", lambda p, c: None)
