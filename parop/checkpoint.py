@@ -176,18 +176,18 @@ def _stored(manager, step: int, where: str) -> tuple[PyTree, dict]:
     return tree.tree, checksums
 
 
-def _flat(tree: PyTree) -> dict[str, Any]:
-    """The leaves of `tree` by their '/'-joined paths, as orbax names them."""
+def _flat(tree: PyTree, *, serialized: bool = False) -> dict[str, Any]:
+    """The leaves of `tree` by their '/'-joined paths, as orbax names them (`serialized`:
+    a tree of orbax's own, such as its metadata, that needs no serializing)."""
     ocp = _orbax()
-    return {"/".join(map(str, key)): x for key, x in ocp.tree.to_flat_dict(ocp.tree.serialize_tree(tree)).items()}
+    flat = ocp.tree.to_flat_dict(tree if serialized else ocp.tree.serialize_tree(tree))
+    return {"/".join(map(str, key)): x for key, x in flat.items()}
 
 
 def _check_like(stored: PyTree, like: PyTree, where: str) -> None:
     """A `ValueError` naming the leaves that `like` lacks, adds, or gets the dtype or
     shape of wrong (orbax's own errors say less, and it casts dtypes silently)."""
-    ocp = _orbax()
-    stored = {"/".join(map(str, key)): x for key, x in ocp.tree.to_flat_dict(stored).items()}
-    asked = _flat(like)
+    stored, asked = _flat(stored, serialized=True), _flat(like)
     describe = lambda x: f"{np.dtype(x.dtype)}{tuple(x.shape)}"  # noqa: E731
     wrong = [f"{key}: {describe(stored[key])} saved, {describe(x)} asked for"
              for key, x in asked.items() if key in stored and describe(stored[key]) != describe(x)]
@@ -257,7 +257,7 @@ def _sums(leaves: dict[str, tuple[Any, list[list[int]]]]) -> dict[str, list[int]
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
         done = iter(pool.map(lambda args: _block_sums(*args), todo))
     partial = {}
-    for key, (x, cuts) in leaves.items():
+    for key, (_, cuts) in leaves.items():
         partial[key] = np.zeros((int(np.prod([len(c) - 1 for c in cuts])), 2), np.uint32)
         for cell, _, _ in blocks[key]:
             partial[key][cell] += next(done)
