@@ -19,7 +19,8 @@ Scenarios:
 - `checkpoint`: a distributed θ (a `Matrix` and a `PerModeMatrix`, both sharded over the
   8 devices of the two processes) and its Adam state saved with `parop.checkpoint` to
   a directory both processes see, restored onto the same partition, another
-  partition (another mesh) and each process's one device.
+  partition (another mesh) and each process's one device; and a checkpoint with one bit
+  flipped in a shard only process 1 holds, which both processes must refuse.
 - `fail`: process 1 raises right after `jax.distributed.initialize`, process 0 goes
   on into a collective that can never complete (the launcher must notice and clean up).
 - `exit`: process 1 leaves with `os._exit(7)` before initializing.
@@ -270,7 +271,41 @@ def run_checkpoint() -> dict:
             else:
                 count += check_shards(name, r, w, rtol=0, atol=0)
         checked[label] = count
-    return {"checked": checked}
+    return {"checked": checked, "damaged": restore_damaged_shard(directory + "-bits")}
+
+
+def restore_damaged_shard(directory: str) -> str:
+    """The error each process gets restoring a checkpoint whose shard 6 of 8 (held by
+    process 1 alone) has one bit flipped: both processes must name it (the sums of the
+    pieces each holds are added up over the processes)."""
+    import shutil
+    from pathlib import Path
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from parop import checkpoint
+
+    bits = np.random.default_rng(0).integers(0, 2**32, (64, 64), dtype=np.uint32)  # incompressible: stored as is
+    sharding = jax.NamedSharding(jax.make_mesh((8,), ("d",)), jax.P(None, "d"))
+    w = jax.make_array_from_callback(bits.shape, sharding, lambda index: bits[index])
+    checkpoint.save(directory, {"w": w}, step=1)
+    if jax.process_index() == 0:
+        shutil.copytree(directory, directory + "-damaged")
+        raw = np.ascontiguousarray(bits[:, 48:56]).tobytes()
+        for path in Path(directory + "-damaged").rglob("*"):
+            content = path.read_bytes() if path.is_file() else b""
+            if raw in content:
+                at = content.find(raw) + 100
+                path.write_bytes(content[:at] + bytes([content[at] ^ 1]) + content[at + 1:])
+    multihost_utils.sync_global_devices("damaged copy written")
+    try:
+        checkpoint.restore(directory + "-damaged", {"w": jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=sharding)})
+    except ValueError as error:
+        return str(error)
+    return "restored"
 
 
 if __name__ == "__main__":

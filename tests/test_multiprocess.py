@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -175,6 +176,8 @@ def test_checkpoint_save_and_restore_over_two_processes():
     for r in results:
         # θ and Adam's moments (6 arrays) x 4 shards on each process, and the step count
         assert r["checked"] == {"same (1, 8)": 25, "other (2, 4)": 25, "serial": 7}
+        assert re.fullmatch(r"restore: step 1 of '.*-damaged': w\[0:64, 48:56\] does not match its checksum: .*",
+                            r["damaged"]), r["damaged"]
 
 
 # -- the harness: failures are reported, nothing is left running, nothing hangs ---------------

@@ -108,7 +108,9 @@ def fit(model, θ: Params, a: jax.Array, u: jax.Array, *, steps: int, batch: int
     the same data order (the seed, batch size and number of samples make it, the step
     says where in it), so a run restarted with the same arguments ends exactly as an
     uninterrupted one (same losses, same θ); one with other `steps`, `batch`, `lr`,
-    `seed` or number of samples is a `ValueError`.
+    `seed` or number of samples is a `ValueError`, and so is a directory whose latest
+    step is not `fit`'s checkpoint of this model (other parameters, or a plain
+    `checkpoint.save`) or does not restore (damaged: see `parop.checkpoint.restore`).
 
     ```python
     >>> θ, losses = fit(model, θ, a, u, steps=1200, batch=20, checkpoint="runs/fno", every=100)
@@ -168,8 +170,13 @@ def _training_state(θ: Params, opt_state, losses: np.ndarray, run: dict) -> dic
 
 def _resume(path, step: int, θ: Params, opt_state, run: dict):
     """The real-view parameters, optimiser state and losses saved at `step`, placed like
-    `θ` and `opt_state`; a `ValueError` if they come from a run with other settings."""
-    saved = ckpt.restore(path, _training_state(θ, opt_state, np.empty(step), run), step=step)
+    `θ` and `opt_state`; a `ValueError` if they come from a run with other settings, or
+    are not `fit`'s checkpoint of this model, or do not restore (`checkpoint.restore`'s
+    error)."""
+    try:
+        saved = ckpt.restore(path, _training_state(θ, opt_state, np.empty(step), run), step=step)
+    except ValueError as error:  # another model's checkpoint, or not one of `fit`'s, or a damaged one
+        raise ValueError(f"fit: cannot resume from {os.fspath(path)!r}: {error}") from error
     other = {name: value.item() for name, value in saved["run"].items() if value.item() != run[name]}
     if other:
         raise ValueError(
