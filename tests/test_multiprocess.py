@@ -177,6 +177,18 @@ def test_checkpoint_save_and_restore_over_two_processes():
         assert r["checked"] == {"same (1, 8)": 25, "other (2, 4)": 25, "serial": 7}
 
 
+def test_training_from_a_zarr_store_over_two_processes():
+    pytest.importorskip("zarr")
+    results = run_workers("store")
+    assert [r["process"] for r in results] == [0, 1]
+    for r in results:
+        assert r["checked"] == {"trained": 9, "batch split": 8, "whole-sample chunks": 4}
+    # each process read exactly its share (checked in the workers): half of each sample
+    # (and each sample file's index of its chunks), then half the samples of a batch
+    assert results[0]["read"] == results[1]["read"]
+    assert results[0]["losses"] == results[1]["losses"]
+
+
 # -- the harness: failures are reported, nothing is left running, nothing hangs ---------------
 
 def test_a_worker_that_raises_is_reported_and_every_worker_is_killed():
