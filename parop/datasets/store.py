@@ -31,9 +31,11 @@ from .darcy import darcy_blocks
 __all__ = ["CountingStore", "StoreDataset", "open_store", "write_darcy"]
 
 CHUNK_SPLIT = 4
-"""`write_darcy`'s default chunks cut each grid axis in this many pieces (one sample,
-all channels per chunk): a device's block of a sample is then a few chunks for any
-split of up to 4 per grid axis, and a process reads only the chunks of its blocks."""
+"""`write_darcy`'s default chunks cut each of the first two grid axes in this many pieces
+(one sample, all channels, the other grid axes whole): 16 chunks per sample, so that a
+device's block of a sample split on those axes is a few chunks, and a process reads
+only the chunks of its blocks. More, smaller chunks would fit more splits but cost
+more: zarr reads each chunk of a file with its own request."""
 
 
 def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *, dim: int = 2, seed: int = 0,
@@ -47,8 +49,8 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
     (`srun`'s tasks) with `i = 0 .. k-1` fill the store together, each creating the
     arrays if no other has yet. The values do not depend on the split.
 
-    `chunks` is the read unit, `(1, 1, *grid chunk)` by default: each grid axis cut in
-    `CHUNK_SPLIT` pieces. Each sample is one file (zarr's sharding codec: a file per
+    `chunks` is the read unit, `(1, 1, *grid chunk)` by default: each of the first two
+    grid axes cut in `CHUNK_SPLIT` pieces, the others whole. Each sample is one file (zarr's sharding codec: a file per
     sample of each array, its chunks read one by one), so a process that holds part of
     a sample reads only those chunks.
 
@@ -60,7 +62,8 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
     index, count = _check_part(part)
     grid = (resolution,) * dim
     shape = (n_samples, 1) + grid
-    chunks = (1, 1) + tuple(-(-n // CHUNK_SPLIT) for n in grid) if chunks is None else tuple(chunks)
+    chunks = (1, 1) + tuple(-(-n // CHUNK_SPLIT) if i < 2 else n for i, n in enumerate(grid)) if chunks is None \
+        else tuple(chunks)
     if len(chunks) != len(shape) or chunks[0] != 1 or not all(isinstance(c, int) and c >= 1 for c in chunks):
         raise ValueError(f"write_darcy: chunks must be {len(shape)} positive ints starting with 1 (one sample), "
                          f"for arrays of shape {shape}, got {chunks}")
