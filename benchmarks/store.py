@@ -101,8 +101,8 @@ def markdown(result: dict) -> str:
     sample = side**3 * 4
     lines = [
         f"Store: {n} 3-D Darcy samples at {side}³, float32 ({sample // 1024} KiB per sample and array), "
-        f"chunks of {(side + 3) // 4} x {(side + 3) // 4} x {side}, a file per sample; written in {result['written_s']:.1f} s "
-        f"(generation included). Batch {size['batch']}.",
+        f"chunks of {(side + 3) // 4} x {(side + 3) // 4} x {side}, a file per sample; written in "
+        f"{result['written_s']:.1f} s (generation included). Batch {size['batch']}.",
         "",
         "| read of a batch of a and u | MiB read per batch | ms per batch | MiB/s |",
         "|---|---|---|---|",

@@ -80,6 +80,9 @@ def test_open_store_and_batch_name_bad_input(darcy, tmp_path):
         ds.batch([0, 4])
     with pytest.raises(ValueError, match=r"non-empty 1-D sequence of ints"):
         ds.batch([[0, 1]])
+    sharding = FNO((S, S), width=4, modes=(4, 4), layers=1).distribute((2, 1, 2, 2)).in_sharding
+    with pytest.raises(ValueError, match=r"batch \(3, 2, 8, 8\) of '/x' does not fit the sharding .*partitioned 2 times"):
+        ds.batch([0, 1, 2], sharding)
     with pytest.raises(ValueError, match=r"write_darcy: part must be \(index, count\)"):
         write_darcy(tmp_path / "w.zarr", 4, 8, part=(3, 3))
     with pytest.raises(ValueError, match=r"write_darcy: chunks must be 4 positive ints starting with 1"):
@@ -133,7 +136,7 @@ def test_fit_and_evaluate_name_a_data_set_that_does_not_fit(darcy, tiny):
     with pytest.raises(TypeError, match=r"evaluate: u \(the targets\) is missing"):
         evaluate(tiny, θ, a, batch=2)
     other = FNO((S, 2 * S), width=4, modes=(4, 4), layers=1, in_channels=2)
-    with pytest.raises(ValueError, match=r"fit: the data set's inputs are \(12, 1, 8, 8\) .* \(samples,\) \+ \(2, 8, 16\)"):
+    with pytest.raises(ValueError, match=r"fit: the data set's inputs are \(12, 1, 8, 8\) .* \+ \(2, 8, 16\)"):
         fit(other, θ, ds, steps=1, batch=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

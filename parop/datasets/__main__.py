@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     slurm = ("SLURM_PROCID", "SLURM_NTASKS")
     default = "/".join(os.environ[v] for v in slurm) if all(v in os.environ for v in slurm) else "0/1"
     darcy.add_argument("--part", type=_part, default=_part(default),
-                       help="INDEX/COUNT: write the INDEX-th of COUNT parts (default: $SLURM_PROCID/$SLURM_NTASKS or 0/1)")
+                       help="INDEX/COUNT: write the INDEX-th of COUNT parts "
+                            "(default: $SLURM_PROCID/$SLURM_NTASKS or 0/1)")
     args = parser.parse_args(argv)
     if args.dtype == "float64":
         import jax

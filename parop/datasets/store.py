@@ -138,7 +138,7 @@ def open_store(path: Any, inputs: str = "a", targets: str = "u") -> "StoreDatase
         if array.chunks[0] > 1:
             warnings.warn(f"open_store: {array.name!r} is stored in chunks {array.chunks} of "
                           f"{array.chunks[0]} samples: a batch of random samples reads every sample of their "
-                          f"chunks; rewrite the store with chunks of one sample, (1, {', '.join(map(str, array.chunks[1:]))})",
+                          f"chunks; rewrite the store with chunks of one sample, {(1,) + tuple(array.chunks[1:])}",
                           stacklevel=2)
     return ds
 
@@ -179,9 +179,11 @@ def _read(array, indices: np.ndarray, sharding) -> jax.Array:
     shape = (len(indices),) + array.shape[1:]
     if sharding is None:
         return jnp.asarray(_read_box(array, indices, tuple(slice(0, n) for n in shape)))
-    if len(sharding.shard_shape(shape)) != len(shape):
-        raise ValueError(f"StoreDataset.batch: the sharding {sharding} is for another rank than "
-                         f"{array.name!r}'s batches {shape}")
+    try:
+        sharding.shard_shape(shape)
+    except ValueError as error:
+        raise ValueError(f"StoreDataset.batch: a batch {shape} of {array.name!r} does not fit the sharding "
+                         f"{sharding}: {error}") from error
     blocks = {_key(index, shape): index for index in sharding.addressable_devices_indices_map(shape).values()}
     # One read of the box around this process's blocks, where they fill it (the usual
     # case: a process's devices hold one contiguous region), else one read per block:

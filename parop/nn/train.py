@@ -310,7 +310,8 @@ def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = No
 
     total, queued = 0.0, deque()
     starts = range(0, n, batch)
-    batches = _batches(take, (np.arange(start, start + batch) % n for start in starts), prefetch and isinstance(a, Dataset))
+    batches = _batches(take, (np.arange(start, start + batch) % n for start in starts),
+                       prefetch and isinstance(a, Dataset))
     for start, (x, y) in zip(starts, batches):
         queued.append(error_sum(θ, x, y, min(batch, n - start)))
         if len(queued) == IN_FLIGHT:
