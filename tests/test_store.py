@@ -43,6 +43,21 @@ def test_write_darcy_in_parts_holds_darcy_flows_samples(darcy):
     np.testing.assert_array_equal(y, u[[5, 0, 5, 11]])
 
 
+def test_the_command_line_writes_its_part(darcy, tmp_path, capsys, monkeypatch):
+    from parop.datasets.__main__ import main
+
+    path, a, u = darcy
+    monkeypatch.setenv("SLURM_PROCID", "2")  # under srun, the task's part by default
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    main(["darcy", str(tmp_path / "cli.zarr"), "--samples", str(N), "--resolution", str(S)])
+    assert capsys.readouterr().out == f"{tmp_path / 'cli.zarr'}: samples 8 to 12 of 12 written\n"
+    written = zarr.open_group(tmp_path / "cli.zarr", mode="r")["u"]
+    np.testing.assert_array_equal(written[8:], u[8:])
+    with pytest.raises(SystemExit):
+        main(["darcy", str(tmp_path / "cli.zarr"), "--samples", "4", "--part", "1-2"])
+    assert "--part must be INDEX/COUNT, e.g. 0/4, got '1-2'" in capsys.readouterr().err
+
+
 def test_a_batch_is_read_into_the_sharding_once(darcy):
     path, a, u = darcy
     store = CountingStore(path)
