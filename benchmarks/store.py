@@ -4,13 +4,14 @@ time a training step waits for its batch with prefetching on and off.
     python -m benchmarks.store [--quick]
 
 A Darcy store (`parop.datasets.write_darcy`, 3-D, float32, the default chunks: a file
-per sample, its first two grid axes cut in 4) is written to a temporary directory; then
+per chunk, each sample's first two grid axes cut in 4) is written to a temporary directory; then
 
 - **reads**: `ds.batch(indices, sharding)` of random batches, unsharded (one device)
   and into a distributed FNO's `in_sharding` (8 devices), timed over several batches;
-  the bytes are counted by a `CountingStore` (what the process read: data and the
-  files' chunk indexes), the throughput is those bytes over the time;
-- **steps**: `fit` of the same distributed FNO from in-memory arrays (no reading), from
+  the bytes are counted by a `CountingStore` (what the process read), the throughput
+  is those bytes over the time;
+- **steps**: `fit` of a small serial FNO (its step about as long as a read: where
+  waiting for data matters) from in-memory arrays (no reading), from
   the store with `prefetch=False` (each batch read when the step needs it) and with
   `prefetch=True` (read in a background thread while the step before runs). A step's
   time is the median interval between the `callback`s of consecutive steps (the first
@@ -42,7 +43,7 @@ from parop.datasets import CountingStore, open_store, write_darcy  # noqa: E402
 from parop.nn import FNO, fit  # noqa: E402
 
 SIZES = {  # grid side, samples, batch, steps, model
-    False: dict(side=32, samples=64, batch=8, steps=24, width=8, modes=(8, 8, 8), layers=2),
+    False: dict(side=32, samples=64, batch=8, steps=24, width=4, modes=(4, 4, 4), layers=1),
     True: dict(side=16, samples=16, batch=4, steps=8, width=4, modes=(4, 4, 4), layers=1),
 }
 PARTITION = (2, 1, 2, 2, 1)
@@ -82,16 +83,15 @@ def run(quick: bool = False) -> dict:
         store = CountingStore(path)
         ds = open_store(store)
         model = FNO((side,) * 3, width=size["width"], modes=size["modes"], layers=size["layers"])
-        dist = model.distribute(PARTITION)
-        dist.operators(batch)
+        sharding = model.distribute(PARTITION).in_sharding
         reads = {"one device": read_rows(ds, store, None, batch, 2 * size["steps"]),
-                 f"8 devices {PARTITION}": read_rows(ds, store, dist.in_sharding, batch, 2 * size["steps"])}
+                 f"8 devices {PARTITION}": read_rows(ds, store, sharding, batch, 2 * size["steps"])}
         a, u = ds.inputs[:], ds.targets[:]
-        θ = dist.init(jax.random.key(0))
-        steps = {"in memory": step_time(dist, θ, (a, u), size["steps"], batch)}
+        θ = model.init(jax.random.key(0))
+        steps = {"in memory": step_time(model, θ, (a, u), size["steps"], batch)}
         for prefetch in (False, True):
             steps[f"store, prefetch {'on' if prefetch else 'off'}"] = step_time(
-                dist, θ, (ds,), size["steps"], batch, prefetch=prefetch)
+                model, θ, (ds,), size["steps"], batch, prefetch=prefetch)
     return {"size": size, "written_s": written, "reads": reads, "steps": steps}
 
 
@@ -101,7 +101,7 @@ def markdown(result: dict) -> str:
     sample = side**3 * 4
     lines = [
         f"Store: {n} 3-D Darcy samples at {side}³, float32 ({sample // 1024} KiB per sample and array), "
-        f"chunks of {(side + 3) // 4} x {(side + 3) // 4} x {side}, a file per sample; written in "
+        f"chunks of {(side + 3) // 4} x {(side + 3) // 4} x {side}, a file each; written in "
         f"{result['written_s']:.1f} s (generation included). Batch {size['batch']}.",
         "",
         "| read of a batch of a and u | MiB read per batch | ms per batch | MiB/s |",
@@ -112,8 +112,8 @@ def markdown(result: dict) -> str:
     memory = result["steps"]["in memory"]
     lines += [
         "",
-        f"Training steps of an FNO (width {size['width']}, modes {size['modes'][0]}³, {size['layers']} layers) on "
-        f"8 devices {PARTITION}, batch {size['batch']}, median over {size['steps'] - 3} steps:",
+        f"Training steps of a serial FNO (width {size['width']}, modes {size['modes'][0]}³, {size['layers']} "
+        f"layer(s)), batch {size['batch']}, median over {size['steps'] - 3} steps:",
         "",
         "| data | ms per step | wait for data per step |",
         "|---|---|---|",

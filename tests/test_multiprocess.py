@@ -183,8 +183,8 @@ def test_training_from_a_zarr_store_over_two_processes():
     assert [r["process"] for r in results] == [0, 1]
     for r in results:
         assert r["checked"] == {"trained": 9, "batch split": 8, "whole-sample chunks": 4}
-    # each process read exactly its share (checked in the workers): half of each sample
-    # (and each sample file's index of its chunks), then half the samples of a batch
+    # each process read exactly its share (checked in the workers): half of each sample,
+    # then half the samples of a batch
     assert results[0]["read"] == results[1]["read"]
     assert results[0]["losses"] == results[1]["losses"]
 

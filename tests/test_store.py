@@ -34,7 +34,7 @@ def test_write_darcy_in_parts_holds_darcy_flows_samples(darcy):
     for name, want in (("a", a), ("u", u)):
         array = group[name]
         assert array.shape == (N, 1, S, S) and array.dtype == np.float32
-        assert array.chunks == (1, 1, 2, 2) and array.shards == (1, 1, S, S)  # a file per sample
+        assert array.chunks == (1, 1, 2, 2) and array.shards is None
         np.testing.assert_array_equal(array[:], want)
     ds = open_store(path)
     assert len(ds) == N
@@ -73,8 +73,8 @@ def test_a_batch_is_read_into_the_sharding_once(darcy):
     before = store.bytes_read
     ds.batch(idx, None)
     # one process holds every block: it reads the box around them once, as unsharded
-    # 3 samples of 2 arrays: the data, and each file's index of its 16 chunks (16 bytes each + a checksum)
-    assert sharded == store.bytes_read - before == 2 * 3 * (S * S * 4 + 16 * 16 + 4)
+    # 3 samples (3, 7 and 1; 3 is read once) of 2 arrays
+    assert sharded == store.bytes_read - before == 2 * 3 * S * S * 4
 
 
 def test_open_store_and_batch_name_bad_input(darcy, tmp_path):

@@ -35,7 +35,7 @@ CHUNK_SPLIT = 4
 (one sample, all channels, the other grid axes whole): 16 chunks per sample, so that a
 device's block of a sample split on those axes is a few chunks, and a process reads
 only the chunks of its blocks. More, smaller chunks would fit more splits but cost
-more: zarr reads each chunk of a file with its own request."""
+more: each chunk is a file, read with its own request."""
 
 
 def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *, dim: int = 2, seed: int = 0,
@@ -49,10 +49,9 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
     (`srun`'s tasks) with `i = 0 .. k-1` fill the store together, each creating the
     arrays if no other has yet. The values do not depend on the split.
 
-    `chunks` is the read unit, `(1, 1, *grid chunk)` by default: each of the first two
-    grid axes cut in `CHUNK_SPLIT` pieces, the others whole. Each sample is one file (zarr's sharding codec: a file per
-    sample of each array, its chunks read one by one), so a process that holds part of
-    a sample reads only those chunks.
+    `chunks` is the read unit and a file of the store, `(1, 1, *grid chunk)` by
+    default: each of the first two grid axes cut in `CHUNK_SPLIT` pieces, the others
+    whole; a process that holds part of a sample reads only its chunks.
 
     ```python
     >>> write_darcy("data/darcy.zarr", 1000, 64, dim=3)             # one process
@@ -90,8 +89,7 @@ def _array(group, name: str, shape: tuple, dtype: np.dtype, chunks: tuple, setti
     zarr writes its metadata atomically); a `ValueError` if it holds other data."""
     if name not in group:
         try:
-            group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, shards=(1,) + shape[1:],
-                               compressors=None, attributes={"darcy_flow": settings})
+            group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, compressors=None, attributes={"darcy_flow": settings})
         except zarr.errors.ContainsArrayError:
             pass  # another process made it first
     array = group[name]
@@ -186,8 +184,7 @@ def _read(array, indices: np.ndarray, sharding) -> jax.Array:
                          f"{sharding}: {error}") from error
     blocks = {_key(index, shape): index for index in sharding.addressable_devices_indices_map(shape).values()}
     # One read of the box around this process's blocks, where they fill it (the usual
-    # case: a process's devices hold one contiguous region), else one read per block:
-    # zarr reads each chunk's index once per call.
+    # case: a process's devices hold one contiguous region), else one read per block.
     box = tuple(slice(min(k[i][0] for k in blocks), max(k[i][1] for k in blocks)) for i in range(len(shape)))
     _warn_chunks(array, box, shape)
     if sum(math.prod(b - a for a, b in k) for k in blocks) == math.prod(s.stop - s.start for s in box):
