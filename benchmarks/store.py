@@ -43,8 +43,8 @@ from parop.datasets import CountingStore, open_store, write_darcy  # noqa: E402
 from parop.nn import FNO, fit  # noqa: E402
 
 SIZES = {  # grid side, samples, batch, steps, model
-    False: dict(side=32, samples=64, batch=8, steps=24, width=4, modes=(4, 4, 4), layers=1),
-    True: dict(side=16, samples=16, batch=4, steps=8, width=4, modes=(4, 4, 4), layers=1),
+    False: dict(side=32, samples=64, batch=8, steps=16, width=4, modes=(4, 4, 4), layers=1, rounds=2),
+    True: dict(side=16, samples=16, batch=4, steps=8, width=4, modes=(4, 4, 4), layers=1, rounds=1),
 }
 PARTITION = (2, 1, 2, 2, 1)
 
@@ -63,13 +63,13 @@ def read_rows(ds: object, store: CountingStore, sharding, batch: int, repeats: i
             "MiB/s": read / seconds / 2**20}
 
 
-def step_time(model, θ, data: tuple, steps: int, batch: int, **options) -> float:
-    """The median time between consecutive training steps of `fit`, the first 3 left out."""
+def step_times(model, θ, data: tuple, steps: int, batch: int, **options) -> list[float]:
+    """The times between consecutive training steps of `fit`, the first 3 left out."""
     marks: list[float] = []
     with jax.numpy_dtype_promotion("standard"):
         fit(model, θ, *data, steps=steps, batch=batch, progress=False,
             callback=lambda i, loss: marks.append(time.perf_counter()), **options)
-    return float(np.median(np.diff(marks[2:])))
+    return list(np.diff(marks[2:]))
 
 
 def run(quick: bool = False) -> dict:
@@ -82,16 +82,19 @@ def run(quick: bool = False) -> dict:
         written = time.perf_counter() - start
         store = CountingStore(path)
         ds = open_store(store)
-        model = FNO((side,) * 3, width=size["width"], modes=size["modes"], layers=size["layers"])
+        model = FNO((side,) * 3, width=size["width"], modes=size["modes"], layers=size["layers"], projection=8)
         sharding = model.distribute(PARTITION).in_sharding
         reads = {"one device": read_rows(ds, store, None, batch, 2 * size["steps"]),
                  f"8 devices {PARTITION}": read_rows(ds, store, sharding, batch, 2 * size["steps"])}
         a, u = ds.inputs[:], ds.targets[:]
         θ = model.init(jax.random.key(0))
-        steps = {"in memory": step_time(model, θ, (a, u), size["steps"], batch)}
-        for prefetch in (False, True):
-            steps[f"store, prefetch {'on' if prefetch else 'off'}"] = step_time(
-                model, θ, (ds,), size["steps"], batch, prefetch=prefetch)
+        runs = {"in memory": ((a, u), {}), "store, prefetch off": ((ds,), {"prefetch": False}),
+                "store, prefetch on": ((ds,), {"prefetch": True})}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(size["rounds"]):  # the runs alternate, so that a drift in load spreads over all
+            for name, (data, options) in runs.items():
+                times[name] += step_times(model, θ, data, size["steps"], batch, **options)
+    steps = {name: float(np.median(t)) for name, t in times.items()}
     return {"size": size, "written_s": written, "reads": reads, "steps": steps}
 
 
@@ -113,7 +116,8 @@ def markdown(result: dict) -> str:
     lines += [
         "",
         f"Training steps of a serial FNO (width {size['width']}, modes {size['modes'][0]}³, {size['layers']} "
-        f"layer(s)), batch {size['batch']}, median over {size['steps'] - 3} steps:",
+        f"layer(s), projection 8), batch {size['batch']}, median over {size['rounds']} runs of "
+        f"{size['steps'] - 3} steps each, the runs alternating:",
         "",
         "| data | ms per step | wait for data per step |",
         "|---|---|---|",

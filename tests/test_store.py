@@ -96,12 +96,15 @@ def test_open_store_and_batch_name_bad_input(darcy, tmp_path):
     with pytest.raises(ValueError, match=r"non-empty 1-D sequence of ints"):
         ds.batch([[0, 1]])
     sharding = FNO((S, S), width=4, modes=(4, 4), layers=1).distribute((2, 1, 2, 2)).in_sharding
-    with pytest.raises(ValueError, match=r"batch \(3, 2, 8, 8\) of '/x' does not fit the sharding .*partitioned 2 times"):
+    with pytest.raises(ValueError, match=r"batch \(3, 2, 8, 8\) of '/x' does not fit the sharding .*partitioned 2"):
         ds.batch([0, 1, 2], sharding)
     with pytest.raises(ValueError, match=r"write_darcy: part must be \(index, count\)"):
         write_darcy(tmp_path / "w.zarr", 4, 8, part=(3, 3))
     with pytest.raises(ValueError, match=r"write_darcy: chunks must be 4 positive ints starting with 1"):
         write_darcy(tmp_path / "w.zarr", 4, 8, chunks=(2, 1, 4, 4))
+    with pytest.raises(ValueError, match=r"resolution must be at least 3, got 2"):
+        write_darcy(tmp_path / "w.zarr", 4, 2, part=(3, 5))  # checked even where the part has no samples
+    assert not (tmp_path / "w.zarr").exists()
     with pytest.raises(ValueError, match=r"holds another data set .*n_samples': 12.*n_samples': 13"):
         write_darcy(path, N + 1, S, part=(0, 100))  # checks the store before it solves anything
 

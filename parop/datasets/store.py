@@ -59,6 +59,7 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
     ```
     """
     index, count = _check_part(part)
+    darcy_blocks(n_samples, resolution, dim=dim, seed=seed, dtype=dtype)  # its checks, before the store is touched
     grid = (resolution,) * dim
     shape = (n_samples, 1) + grid
     chunks = (1, 1) + tuple(-(-n // CHUNK_SPLIT) if i < 2 else n for i, n in enumerate(grid)) if chunks is None \
@@ -68,7 +69,7 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
                          f"for arrays of shape {shape}, got {chunks}")
     first, stop = n_samples * index // count, n_samples * (index + 1) // count
     blocks = darcy_blocks(n_samples, resolution, dim=dim, seed=seed, dtype=dtype, start=first,
-                          stop=stop) if first < stop else ()
+                          stop=stop) if first < stop else ()  # a part of no samples (more parts than samples)
     group = zarr.open_group(os.fspath(path), mode="a")
     settings = {"n_samples": n_samples, "resolution": resolution, "dim": dim, "seed": seed}
     arrays = {name: _array(group, name, shape, np.dtype(dtype), chunks, settings) for name in ("a", "u")}
@@ -89,7 +90,8 @@ def _array(group, name: str, shape: tuple, dtype: np.dtype, chunks: tuple, setti
     zarr writes its metadata atomically); a `ValueError` if it holds other data."""
     if name not in group:
         try:
-            group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, compressors=None, attributes={"darcy_flow": settings})
+            group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, compressors=None,
+                               attributes={"darcy_flow": settings})
         except zarr.errors.ContainsArrayError:
             pass  # another process made it first
     array = group[name]
