@@ -13,10 +13,10 @@ per chunk, each sample's first two grid axes cut in 4) is written to a temporary
 - **steps**: `fit` of a small serial FNO (its step about as long as a read: where
   waiting for data matters) from in-memory arrays (no reading), from
   the store with `prefetch=False` (each batch read when the step needs it) and with
-  `prefetch=True` (read in a background thread while the step before runs). A step's
-  time is the median interval between the `callback`s of consecutive steps (the first
-  steps, which compile, are left out); the wait for data is a store run's step time
-  less the in-memory one.
+  `prefetch=True` (read in a background thread while the step before runs), the three
+  runs alternating, twice. A step's time is the median interval between the
+  `callback`s of consecutive steps (the first steps, which compile, are left out); the
+  wait for data is a store run's step time less the in-memory one.
 
 The process holds all 8 (forced CPU) devices here, so it reads every block; with the
 batch or a grid axis split over P processes each reads 1/P of the data (exactly, as
