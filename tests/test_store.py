@@ -160,3 +160,14 @@ def test_fit_and_evaluate_name_a_data_set_that_does_not_fit(darcy, tiny):
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match=r"evaluate: the data set's targets are \(12, 1, 8, 8\)"):
             evaluate(FNO((S, S), width=4, modes=(4, 4), layers=1, out_channels=3), θ, ds, batch=2)
+
+
+@pytest.mark.long  # a smoke test of the benchmark; the behaviour it times is tested above
+def test_the_store_benchmark_runs():
+    from benchmarks.store import markdown, run
+
+    result = run(quick=True)
+    for row in result["reads"].values():  # 4 samples of 16³ float32 in each of 2 arrays
+        assert row["batch MiB"] * 2**20 == 4 * 2 * 16**3 * 4
+    assert set(result["steps"]) == {"in memory", "store, prefetch off", "store, prefetch on"}
+    assert "| store, prefetch on |" in markdown(result)
