@@ -31,7 +31,8 @@ with socket.socket() as s:
     port = s.getsockname()[1]
 procs = [subprocess.Popen(sys.argv[1:], env=dict(
     os.environ, SLURM_JOB_ID="1", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="{TASKS}",
-    SLURM_PROCID=str(i), SLURM_LOCALID=str(i), JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{{port}}"))
+    SLURM_PROCID=str(i), SLURM_LOCALID=str(i), JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{{port}}",
+    XLA_FLAGS="--xla_force_host_platform_device_count=4"))
     for i in range({TASKS})]
 while any(p.poll() is None for p in procs):
     failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
@@ -66,7 +67,8 @@ def test_the_slurm_recipe_runs_as_written(tmp_path):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     shared = tmp_path / "shared"
-    env = {**worker_env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+    # the script itself (the dry run) sees all 8 devices of the job; each srun task its 4
+    env = {**worker_env(devices=4 * TASKS), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
            "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo", "SLURM_NNODES": str(TASKS), "SHARED": str(shared),
            "GRID": "8", "WIDTH": "4", "MODES": "4", "LAYERS": "1", "SAMPLES": "8", "TEST": "4", "BATCH": "4",
            "STEPS": "2", "EVERY": "1"}
