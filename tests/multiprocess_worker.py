@@ -21,6 +21,10 @@ Scenarios:
   a directory both processes see, restored onto the same partition, another
   partition (another mesh) and each process's one device; and a checkpoint with one bit
   flipped in a shard only process 1 holds, which both processes must refuse.
+- `store`: a Darcy zarr store written by both processes (half each), then a
+  distributed FNO trained for 2 steps from it, the batch split over the processes and
+  then a grid axis; the losses and parameters are those of the serial model trained
+  from in-memory arrays, and each process reads exactly its share of the bytes.
 - `fail`: process 1 raises right after `jax.distributed.initialize`, process 0 goes
   on into a collective that can never complete (the launcher must notice and clean up).
 - `exit`: process 1 leaves with `os._exit(7)` before initializing.
@@ -67,6 +71,8 @@ def main(scenario: str, pid: int, nproc: int, port: int) -> dict:
         return run_grad()
     if scenario == "checkpoint":
         return run_checkpoint()
+    if scenario == "store":
+        return run_store()
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
@@ -306,6 +312,72 @@ def restore_damaged_shard(directory: str) -> str:
     except ValueError as error:
         return str(error)
     return "restored"
+
+
+def run_store() -> dict:
+    import warnings
+
+    import jax
+    import numpy as np
+    import zarr
+    from jax.experimental import multihost_utils
+
+    from parop.datasets import CountingStore, open_store, write_darcy
+    from parop.nn import FNO, evaluate, fit
+
+    n, s, steps, batch = 16, 16, 2, 8  # one epoch: the samples of a batch are distinct
+    pid = jax.process_index()
+    write_darcy("darcy.zarr", n, s, dtype=np.float64, part=(pid, jax.process_count()))  # half each
+    multihost_utils.sync_global_devices("store written")
+    group = zarr.open_group("darcy.zarr", mode="r")
+    a, u = group["a"][:], group["u"][:]  # darcy_flow's samples (test_store.py checks that)
+
+    model = FNO((s, s), width=4, modes=(4, 4), layers=1, projection=8, dtype=np.float64)
+    θ0 = model.init(jax.random.key(0))
+    data = s * s * 8  # one sample of one array: 16 x 16 float64, in 16 chunks of 4 x 4
+    checked, read = {}, {}
+    with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix Python floats and int32
+        θ_serial, losses = fit(model, θ0, a, u, steps=steps, batch=batch, progress=False)
+        error = evaluate(model, θ_serial, a, u, batch=batch)
+
+        # model parallel, x split over the two processes: each reads half of each sample
+        dist = model.distribute((1, 1, 2, 4))
+        store = CountingStore("darcy.zarr")
+        ds = open_store(store)
+        before = store.bytes_read
+        θ, l = fit(dist, dist.init(jax.random.key(0)), ds, steps=steps, batch=batch, progress=False)
+        e = evaluate(dist, θ, ds, batch=batch)
+    read["grid split"] = store.bytes_read - before
+    # 2 training batches and 2 evaluation batches, 2 arrays each
+    assert read["grid split"] == (steps + 2) * 2 * batch * data // 2, read
+    np.testing.assert_allclose(l, losses, rtol=1e-12)
+    np.testing.assert_allclose(e, error, rtol=1e-12)
+    for k in θ:
+        got = np.asarray(multihost_utils.process_allgather(θ[k], tiled=True))
+        np.testing.assert_allclose(got, θ_serial[k], rtol=1e-9, atol=1e-12, err_msg=k)
+    checked["trained"] = len(θ)
+
+    # data parallel, the batch split over the processes: each reads half of the samples
+    sharding = model.distribute((8, 1, 1, 1)).in_sharding
+    idx = np.array([9, 2, 15, 4, 0, 11, 7, 3])
+    before = store.bytes_read
+    x, y = ds.batch(idx, sharding)
+    read["batch split"] = store.bytes_read - before
+    assert read["batch split"] == 2 * batch // 2 * data, read
+    checked["batch split"] = check_shards("a", x, a[idx], sharding, 0, 0) + check_shards("u", y, u[idx], sharding, 0, 0)
+
+    # a store whose chunks are whole samples (the user's own, written with zarr): a
+    # process that holds half of each sample is told which chunks would fit
+    own = zarr.open_group(f"own{pid}.zarr", mode="w")
+    for name, values in (("a", a), ("u", u)):
+        own.create_array(name, data=values, chunks=(1, 1, s, s))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x, _ = open_store(f"own{pid}.zarr").batch(idx, dist.in_sharding)
+    assert len(caught) == 2 and "rewrite the store with chunks of at most (1, 1, 8, 16)" in str(caught[0].message), [
+        str(w.message) for w in caught]
+    checked["whole-sample chunks"] = check_shards("own a", x, a[idx], dist.in_sharding, 0, 0)
+    return {"checked": checked, "read": read, "losses": losses.tolist()}
 
 
 if __name__ == "__main__":

@@ -180,6 +180,18 @@ def test_checkpoint_save_and_restore_over_two_processes():
                             r["damaged"]), r["damaged"]
 
 
+def test_training_from_a_zarr_store_over_two_processes():
+    pytest.importorskip("zarr")
+    results = run_workers("store", timeout=300)  # compiles 5 programs per process; slow on a loaded machine
+    assert [r["process"] for r in results] == [0, 1]
+    for r in results:
+        assert r["checked"] == {"trained": 9, "batch split": 8, "whole-sample chunks": 4}
+    # each process read exactly its share (checked in the workers): half of each sample,
+    # then half the samples of a batch
+    assert results[0]["read"] == results[1]["read"]
+    assert results[0]["losses"] == results[1]["losses"]
+
+
 # -- the harness: failures are reported, nothing is left running, nothing hangs ---------------
 
 def test_a_worker_that_raises_is_reported_and_every_worker_is_killed():

@@ -36,12 +36,13 @@ sampler, the stencil and the solver are each written once for any `d`.
 from __future__ import annotations
 
 from functools import partial
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["darcy_flow"]
+__all__ = ["darcy_blocks", "darcy_flow"]
 
 _TAU = 3.0
 _A_HIGH = 12.0
@@ -107,12 +108,40 @@ def darcy_flow(
         (500, 24, 24, 24)
         ```
     """
+    blocks = darcy_blocks(n_samples, resolution, dim=dim, seed=seed, dtype=dtype)
+    a_pieces, u_pieces = zip(*((a, u) for _, a, u in blocks))
+    return jnp.concatenate(a_pieces), jnp.concatenate(u_pieces)
+
+
+def darcy_blocks(n_samples: int, resolution: int = 32, *, dim: int = 2, seed: int = 0, dtype=jnp.float32,
+                 start: int = 0, stop: int | None = None) -> Iterator[tuple[int, jax.Array, jax.Array]]:
+    """The samples `start` to `stop` of `darcy_flow(n_samples, resolution, dim=dim,
+    seed=seed, dtype=dtype)`, made a block at a time: yields `(first, a, u)`, the
+    block's first sample and its fields. At most about 4M grid nodes are solved at
+    once, so memory stays bounded however many samples there are; the fields of the
+    samples before `start` are drawn (the random stream is sequential) and dropped.
+
+    ```python
+    >>> [(first, a.shape) for first, a, u in darcy_blocks(10, 16, start=4, stop=10)]
+    [(4, (6, 16, 16))]
+    ```
+    """
     _check_int("n_samples", n_samples, minimum=1)
     _check_int("resolution", resolution, minimum=3)
     _check_int("dim", dim)
     if dim not in _DIMS:
         raise ValueError(f"dim must be one of {_DIMS}, got {dim}")
+    stop = n_samples if stop is None else stop
+    if not 0 <= start < stop <= n_samples:
+        raise ValueError(f"darcy_blocks: need 0 <= start < stop <= n_samples={n_samples}, got start={start}, "
+                         f"stop={stop}")
 
+    return _blocks(n_samples, resolution, dim, seed, dtype, start, stop)
+
+
+def _blocks(n_samples: int, resolution: int, dim: int, seed: int, dtype, start: int,
+            stop: int) -> Iterator[tuple[int, jax.Array, jax.Array]]:
+    """`darcy_blocks` after its checks (a generator runs nothing until its first item)."""
     x64 = bool(jax.config.jax_enable_x64)
     solve_dtype = jnp.float64 if x64 else jnp.float32
     tol = 1e-12 if x64 else 1e-6
@@ -122,22 +151,21 @@ def darcy_flow(
     max_iter = 4 * (resolution - 2) ** dim + 100
 
     max_chunk = max(1, _NODES_PER_CHUNK // resolution**dim)
-    n_chunks = -(-n_samples // max_chunk)
-    chunk = -(-n_samples // n_chunks)
+    n_chunks = -(-(stop - start) // max_chunk)
+    chunk = -(-(stop - start) // n_chunks)
 
     # One generator for all chunks: its stream, hence `a`, does not depend on
-    # the chunking.
+    # the chunking. Each sample's solve is independent of the others in its chunk.
     rng = np.random.default_rng(seed)
-    a_pieces, u_pieces = [], []
-    for start in range(0, n_samples, chunk):
-        n_real = min(chunk, n_samples - start)
+    for skip in range(0, start, max_chunk):
+        rng.standard_normal((min(max_chunk, start - skip),) + (resolution,) * dim)
+    for first in range(start, stop, chunk):
+        n_real = min(chunk, stop - first)
         a_np = _coefficient_fields(rng, n_real, resolution, dim)
         # Pad with copies of a valid field, dropped below.
         padded = np.concatenate([a_np, np.repeat(a_np[:1], chunk - n_real, axis=0)])
         u_chunk = _solve(jnp.asarray(padded, solve_dtype), tol, max_iter)
-        a_pieces.append(jnp.asarray(a_np, dtype))
-        u_pieces.append(u_chunk[:n_real].astype(dtype))
-    return jnp.concatenate(a_pieces), jnp.concatenate(u_pieces)
+        yield first, jnp.asarray(a_np, dtype), u_chunk[:n_real].astype(dtype)
 
 
 def _check_int(name: str, value: object, *, minimum: int | None = None) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,18 @@ overlap the computation (300 calls of a small distributed program on 8 CPU devic
 0.25 s queued 8 deep, 0.6-0.8 s awaiting each); the bound is needed because XLA:CPU's
 collectives over forced host devices deadlock when about 200 distributed programs are
 queued (the process aborts after 40 s)."""
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """What `fit` and `evaluate` take in place of in-memory `a, u`: `len(ds)` samples and
+    `ds.batch(indices, sharding) -> (a, u)`, the samples `indices` as arrays with
+    `sharding` (a distributed model's `in_sharding`; `None` for a serial model).
+    `parop.datasets.open_store` gives one that reads a zarr store."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, indices: np.ndarray, sharding) -> tuple[jax.Array, jax.Array]: ...
 
 
 @dataclass(frozen=True)
@@ -87,10 +100,11 @@ def make_step(loss: Callable[[Params, jax.Array, jax.Array], jax.Array], optimiz
     return step
 
 
-def fit(model, θ: Params, a: jax.Array, u: jax.Array, *, steps: int, batch: int, lr: float = 1e-3,
-        seed: int = 0, decode: Callable | None = None, progress: bool = True,
+def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *, steps: int, batch: int,
+        lr: float = 1e-3, seed: int = 0, decode: Callable | None = None, progress: bool = True,
         place: Callable | None = None, checkpoint: str | os.PathLike | None = None,
-        every: int = 100, callback: Callable[[int, float], None] | None = None) -> tuple[Params, np.ndarray]:
+        every: int = 100, callback: Callable[[int, float], None] | None = None,
+        prefetch: bool = True) -> tuple[Params, np.ndarray]:
     """Trains `model.apply` with Adam (`lr`, cosine decay to 0 over `steps`) on the
     relative L2 loss of `decode(model.apply(θ, a_batch))` against `u_batch`; returns the
     trained parameters and the loss at every step. `place` puts each batch where the
@@ -100,6 +114,11 @@ def fit(model, θ: Params, a: jax.Array, u: jax.Array, *, steps: int, batch: int
     The batches are consecutive slices of `batch` samples (at most `len(a)`: a larger
     batch is a `ValueError`) of a stream of random permutations of the samples drawn
     from `seed`: each sample once per epoch, a batch may straddle two epochs.
+
+    `a` may be a `Dataset` (`parop.datasets.open_store`), with no `u`: the same batches
+    in the same order, each read with `ds.batch(indices, model.in_sharding)` (each
+    process reading its own blocks) and, with `prefetch`, read in a background thread
+    while the step before it runs (one batch ahead).
 
     `checkpoint`: a directory (needs `pip install parop[train]`) where `fit` saves, after
     every `every` steps and after the last, the parameters (as `θ`), the optimiser state,
@@ -116,14 +135,14 @@ def fit(model, θ: Params, a: jax.Array, u: jax.Array, *, steps: int, batch: int
     >>> θ, losses = fit(model, θ, a, u, steps=1200, batch=20, checkpoint="runs/fno", every=100)
     ```
     """
-    n = _check_data("fit", a, u, batch)
+    n = _check_data("fit", model, a, u, batch)
     for name, value in (("steps", steps), ("every", every)):
         if value < 1:
             raise ValueError(f"fit: {name} must be at least 1, got {name}={value}")
     if batch > n:
         raise ValueError(f"fit: batch={batch} is larger than the data set ({n} samples): use batch <= {n}")
     decode = decode or (lambda x: x)
-    place = place or (lambda x: x)
+    take = _take(model, a, u, place)
     optimizer = optax.adam(optax.cosine_decay_schedule(lr, steps))
     loss = lambda θ, x, y: relative_l2(decode(model.apply(θ, x)), y)
     θr = as_real(θ)
@@ -137,9 +156,10 @@ def fit(model, θ: Params, a: jax.Array, u: jax.Array, *, steps: int, batch: int
     rng = np.random.default_rng(seed)
     order = np.concatenate([rng.permutation(n) for _ in range(-(-steps * batch // n))])
     bar = _progress(steps, start) if progress else None
-    for i in range(start, steps):
-        idx = order[i * batch:(i + 1) * batch]
-        θr, state, value = step(θr, state, place(a[idx]), place(u[idx]))
+    batches = _batches(take, (order[i * batch:(i + 1) * batch] for i in range(start, steps)),
+                       prefetch and isinstance(a, Dataset))
+    for i, (x, y) in zip(range(start, steps), batches):
+        θr, state, value = step(θr, state, x, y)
         losses[i] = float(value)  # also waits for the step, so collectives never pile up
         if bar is not None:
             bar(i, losses[i])
@@ -150,16 +170,71 @@ def fit(model, θ: Params, a: jax.Array, u: jax.Array, *, steps: int, batch: int
     return as_complex(θr, θ), losses
 
 
-def _check_data(where: str, a, u, batch: int) -> int:
-    """The number of samples, after `ValueError`s for no data, unlike lengths or a batch
-    size below 1."""
+def _check_data(where: str, model, a, u, batch: int) -> int:
+    """The number of samples, after `ValueError`s for no data, unlike lengths, a batch
+    size below 1 or a data set whose shapes the model does not take, and `TypeError`s
+    for a missing `u` or one beside a data set."""
     if batch < 1:
         raise ValueError(f"{where}: batch must be at least 1, got batch={batch}")
+    if isinstance(a, Dataset):
+        if u is not None:
+            raise TypeError(f"{where}: a data set holds its own targets: call {where}(model, θ, ds, ...) without u")
+        _check_shapes(where, model, a)
+        if len(a) == 0:
+            raise ValueError(f"{where}: no data: the data set holds 0 samples")
+        return len(a)
+    if u is None:
+        raise TypeError(f"{where}: u (the targets) is missing: pass a and u, or a data set (parop.datasets.open_store)")
     if len(a) != len(u):
         raise ValueError(f"{where}: a and u must hold as many samples (axis 0), got len(a)={len(a)}, len(u)={len(u)}")
     if len(a) == 0:
         raise ValueError(f"{where}: no data: a and u hold 0 samples")
     return len(a)
+
+
+def _check_shapes(where: str, model, ds) -> None:
+    """A `ValueError` where a data set's samples are not what the model takes and gives:
+    `(in_channels, *grid)` and `(out_channels, *grid)` (models without those attributes
+    are not checked)."""
+    grid = getattr(model, "grid", None)
+    for role, array, channels in (("inputs", getattr(ds, "inputs", None), getattr(model, "in_channels", None)),
+                                  ("targets", getattr(ds, "targets", None), getattr(model, "out_channels", None))):
+        if grid is None or channels is None or array is None:
+            continue
+        want = (channels, *grid)
+        if tuple(array.shape[1:]) != want:
+            raise ValueError(f"{where}: the data set's {role} are {tuple(array.shape)} (samples, channels, *grid), but "
+                             f"the model takes {role} of shape (samples,) + {want}: write a store of that shape, or "
+                             f"build the model for the store's")
+
+
+def _take(model, a, u, place: Callable | None) -> Callable[[np.ndarray], tuple]:
+    """`take(indices) -> (x, y)`: the samples `indices` of `a, u` (in-memory arrays or a
+    `Dataset`), placed by `place`; a data set reads them into the model's `in_sharding`."""
+    place = place or (lambda x: x)
+    if isinstance(a, Dataset):
+        sharding = getattr(model, "in_sharding", None)
+        return lambda idx: tuple(place(v) for v in a.batch(idx, sharding))
+    return lambda idx: (place(a[idx]), place(u[idx]))
+
+
+def _batches(take: Callable[[np.ndarray], tuple], indices: Iterable[np.ndarray], prefetch: bool) -> Iterator[tuple]:
+    """`take(idx)` for each `idx` of `indices`, in order; with `prefetch`, each one is
+    read in a background thread while the caller uses the one before (one batch ahead:
+    at most two are held). The thread only reads and places data (no collectives), so
+    the processes of a multi-process run cannot get their programs out of order."""
+    if not prefetch:
+        yield from map(take, indices)
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="parop-prefetch") as pool:
+        pending = None
+        for idx in indices:
+            following = pool.submit(take, idx)
+            if pending is not None:
+                yield pending.result()
+            pending = following
+        if pending is not None:
+            yield pending.result()
 
 
 def _training_state(θ: Params, opt_state, losses: np.ndarray, run: dict) -> dict:
@@ -216,23 +291,24 @@ def _progress(total: int, initial: int = 0):
     return update
 
 
-def evaluate(model, θ: Params, a: jax.Array, u: jax.Array, *, batch: int, decode: Callable | None = None,
-             place: Callable | None = None) -> float:
+def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *, batch: int,
+             decode: Callable | None = None, place: Callable | None = None, prefetch: bool = True) -> float:
     """The relative L2 error of `decode(model.apply(θ, a))` against `u`: the mean over all
     samples of `||pred - u|| / ||u||`, computed `batch` samples per call.
 
     Every call gets `batch` samples: where the data do not fill the last one, it is
     filled up with the first samples, whose errors are not counted. So the model
     compiles once, a model with a fixed batch size works, and `batch` may exceed the
-    number of samples. At most `IN_FLIGHT` calls are queued at a time.
+    number of samples. At most `IN_FLIGHT` calls are queued at a time. `a` may be a
+    `Dataset`, with no `u` (read as `fit` reads it, `prefetch` too).
 
     ```python
     >>> error = evaluate(model, θ, a_test, u_test, batch=20, decode=u_norm.decode)
     ```
     """
-    n = _check_data("evaluate", a, u, batch)
+    n = _check_data("evaluate", model, a, u, batch)
     decode = decode or (lambda x: x)
-    place = place or (lambda x: x)
+    take = _take(model, a, u, place)
 
     @jax.jit
     def error_sum(θ, x, y, count):
@@ -240,9 +316,11 @@ def evaluate(model, θ: Params, a: jax.Array, u: jax.Array, *, batch: int, decod
         return jnp.sum(jnp.where(jnp.arange(batch) < count, errors, 0))
 
     total, queued = 0.0, deque()
-    for start in range(0, n, batch):
-        idx = np.arange(start, start + batch) % n
-        queued.append(error_sum(θ, place(a[idx]), place(u[idx]), min(batch, n - start)))
+    starts = range(0, n, batch)
+    batches = _batches(take, (np.arange(start, start + batch) % n for start in starts),
+                       prefetch and isinstance(a, Dataset))
+    for start, (x, y) in zip(starts, batches):
+        queued.append(error_sum(θ, x, y, min(batch, n - start)))
         if len(queued) == IN_FLIGHT:
             total += float(queued.popleft())  # waits for the oldest call
     return (total + sum(float(e) for e in queued)) / n
