@@ -130,8 +130,14 @@ def test_distributed_equals_serial(case):
 def assert_equals_serial(D, op, seed: int, rng, batch: tuple[int, ...] = (), flat: bool = False,
                          transpose: bool = False) -> None:
     """`D` (distributing `op`) equals `op` forward (and on flat input, if `flat`), adjoint,
-    JAX's transpose and gradient (and `D.T` and the dot test, if `transpose`)."""
+    JAX's transpose and gradient (and `D.T` and the dot test, if `transpose`).
+
+    On an Explicit mesh `D`'s weights are placed first, as `po.init(D)` places them:
+    JAX 0.10.2 cannot linearize a `jit` that reshards an uncommitted array onto an
+    Explicit mesh outside a mesh context ("Length of device assignment 1 ...")."""
     θ = random_params(op, seed)
+    if AxisType.Explicit in D.mesh.axis_types:
+        θ = {name: jax.device_put(w, D.param_shardings()[name]) for name, w in θ.items()}
     x = jnp.asarray(random_array(rng, op.domain_shape + batch, op.dtype))
     want = op(θ) @ x
     with no_hang():

@@ -410,8 +410,8 @@ def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh |
             raise ValueError(
                 f"{where}: out_partition {out_partition} leaves out mesh axes {sorted(lost)} that the input "
                 f"{spec_of(in_layout)} splits over: parop moves a split from one tensor axis to another (or "
-                "sums it away in a Reduce or a row-parallel Matrix); it never gathers a split onto every device"
-                + _summing_limit(summable))
+                "sums it away in a Reduce); it never gathers a split onto every device"
+                + (_summing_limit(summable) if summable > 1 else ""))
     elif counts is not None:
         out = ("counts", _check_counts(counts, in_layout, mesh, op, shard_weights, where))
     return Setup(mesh, in_layout, out, cost, shard_weights, where)
@@ -492,16 +492,15 @@ def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, op: Op
     if len(counts) != len(in_layout):
         raise ValueError(f"{where}: out_partition has {len(counts)} entries, the output has {len(in_layout)} axes")
     sizes = [mesh.shape[n] for axes in in_layout for n in axes]
-    if math.prod(counts) > math.prod(sizes) or not _arrangeable(counts, sizes):
-        raise ValueError(
-            f"{where}: out_partition {counts} splits over {math.prod(counts)} devices, the input over "
-            f"{math.prod(sizes)} (mesh axes of sizes {sizes}): no arrangement of the input's mesh axes cuts the "
-            "output axes so, and parop moves splits between axes, it never gathers a split axis onto every device"
-        )
+    wanted, given = math.prod(counts), math.prod(sizes)
+    why = (f"{where}: no plan exists for out_partition {counts}: it splits over {wanted} devices, the input over "
+           f"{given} (mesh axes of sizes {sizes})")
+    if wanted > given or not _arrangeable(counts, sizes):
+        raise ValueError(f"{why}: no arrangement of the input's mesh axes cuts the output axes so (parop moves "
+                         "splits between axes, it never gathers a split axis onto every device)")
     summable = _summable(op, mesh, shard_weights)
-    if math.prod(sizes) > math.prod(counts) * summable:
-        raise ValueError(
-            f"{where}: no plan exists for out_partition {counts}: it splits over {math.prod(counts)} devices, the "
-            f"input over {math.prod(sizes)} (mesh axes of sizes {sizes}), so splits over "
-            f"{math.prod(sizes) // math.prod(counts)} devices must be summed away" + _summing_limit(summable))
+    if given > wanted * summable:
+        raise ValueError(f"{why}: it replicates mesh axes that the input splits, over {given // wanted} devices, "
+                         "which only summing can drop (parop never gathers a split onto every device)"
+                         + _summing_limit(summable))
     return counts
