@@ -123,6 +123,17 @@ def test_an_out_partition_spec_dropping_more_than_can_be_summed():
         po.distribute(op, P("a", "b"), mesh=m, out_partition=P())
 
 
+def test_a_chain_sums_away_a_split_in_a_later_operator():
+    """The summing bound of `po.distribute_chain` counts every operator of the chain: the
+    `Reduce` of the second sums away the split the output `(1, 1)` drops."""
+    c128 = jnp.complex128
+    A = po.kron(po.DFT(8, c128), po.Identity(8, c128))
+    B = po.kron(po.Identity(8, c128), po.Reduce(8, c128))
+    D1, D2 = po.distribute_chain([A, B], (2, 1), out_partition=(1, 1))
+    x = random_array(RNG(5), (8, 8), np.complex128)
+    close_to(D2 @ (D1 @ x), B @ (A @ x))
+
+
 # -- 7. CostModel and calibrate --------------------------------------------------------------------
 
 @pytest.mark.parametrize("latency", [float("nan"), float("inf"), -1.0, True, "1"])

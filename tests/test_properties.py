@@ -132,39 +132,40 @@ def assert_equals_serial(D, op, seed: int, rng, batch: tuple[int, ...] = (), fla
     """`D` (distributing `op`) equals `op` forward (and on flat input, if `flat`), adjoint,
     JAX's transpose and gradient (and `D.T` and the dot test, if `transpose`).
 
-    On an Explicit mesh `D`'s weights are placed first, as `po.init(D)` places them:
+    On an Explicit mesh `D` gets its weights placed, as `po.init(D)` places them:
     JAX 0.10.2 cannot linearize a `jit` that reshards an uncommitted array onto an
     Explicit mesh outside a mesh context ("Length of device assignment 1 ...")."""
     θ = random_params(op, seed)
+    θD = θ
     if AxisType.Explicit in D.mesh.axis_types:
-        θ = {name: jax.device_put(w, D.param_shardings()[name]) for name, w in θ.items()}
+        θD = {name: jax.device_put(w, D.param_shardings()[name]) for name, w in θ.items()}
     x = jnp.asarray(random_array(rng, op.domain_shape + batch, op.dtype))
     want = op(θ) @ x
     with no_hang():
-        y = D(θ) @ x
+        y = D(θD) @ x
     assert y.shape == want.shape and y.dtype == want.dtype
     assert y.sharding.is_equivalent_to(D.out_sharding, y.ndim)
     close(y, want, scale_of(want))
 
     if flat:
         xf = x.reshape((op.domain_size,) + batch)
-        close(D(θ) @ xf, want.reshape((op.range_size,) + batch), scale_of(want))
+        close(D(θD) @ xf, want.reshape((op.range_size,) + batch), scale_of(want))
 
     c = jnp.asarray(random_array(rng, y.shape, y.dtype))
     if transpose:
-        close(D.T(θ) @ c, op.T(θ) @ c, scale_of(c))
-        assert po.testing.dot_test(D, θ, batch_shape=batch) < 1e-12
+        close(D.T(θD) @ c, op.T(θ) @ c, scale_of(c))
+        assert po.testing.dot_test(D, θD, batch_shape=batch) < 1e-12
     back_want = op.H(θ) @ c
-    back = D.H(θ) @ c
+    back = D.H(θD) @ c
     assert back.shape == back_want.shape and back.dtype == back_want.dtype
     close(back, back_want, scale_of(back_want))
     # JAX's own transpose of the distributed program is the serial one's
-    (t,) = jax.linear_transpose(lambda v: D(θ) @ v, x)(c)
+    (t,) = jax.linear_transpose(lambda v: D(θD) @ v, x)(c)
     (t_want,) = jax.linear_transpose(lambda v: op(θ) @ v, x)(c)
     close(t, t_want, scale_of(t_want))
 
     loss = lambda A: (lambda θ, x: pairing(c, A(θ) @ x))
-    got = jax.jit(jax.grad(loss(D), argnums=(0, 1)))(θ, x)  # eager: a JAX bug on Explicit meshes (see pairing)
+    got = jax.jit(jax.grad(loss(D), argnums=(0, 1)))(θD, x)  # eager: a JAX bug on Explicit meshes (see pairing)
     ref = jax.grad(loss(op), argnums=(0, 1))(θ, x)
     assert jax.tree.structure(got) == jax.tree.structure(ref)
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
@@ -190,7 +191,7 @@ def free_axis_cases(draw):
 
 
 # outside the long pass, only the two examples (each plan splits onto the free mesh axis)
-@settings(max_examples=max(1, int(20 * SCALE)), phases=tuple(Phase) if LONG else (Phase.explicit,), **SETTINGS)
+@settings(max_examples=max(1, int(12 * SCALE)), phases=tuple(Phase) if LONG else (Phase.explicit,), **SETTINGS)
 @given(free_axis_cases())
 @example((0, "float64", (4, 8), 1, 0, "a", "auto", AxisType.Explicit))
 @example((4, "complex128", (4, 8), 1, 0, "b", None, AxisType.Auto))

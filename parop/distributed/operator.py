@@ -368,9 +368,10 @@ def distribute(
 
 
 def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
-              cost: CostModel | None, where: str) -> Setup:
-    """The `Setup` of `distribute`'s arguments for `op`, each checked (`ValueError` or
-    `TypeError` naming what is wrong)."""
+              cost: CostModel | None, where: str, then: tuple[Operator, ...] = ()) -> Setup:
+    """The `Setup` of `distribute`'s arguments for `op` (followed by the operators `then`,
+    in a chain, before the output), each checked (`ValueError` or `TypeError` naming
+    what is wrong)."""
     if not isinstance(op, Operator) or getattr(op, "distributed", False):
         raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
     check_mesh(mesh, where)
@@ -405,7 +406,7 @@ def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh |
     if isinstance(out_partition, PartitionSpec):
         out = ("layout", layout_of(out_partition, len(in_layout), mesh, where))
         lost = {n for axes in in_layout for n in axes} - {n for axes in out[1] for n in axes}
-        summable = _summable(op, mesh, shard_weights)
+        summable = _summable((op,) + then, mesh, shard_weights)
         if math.prod(mesh.shape[n] for n in lost) > summable:
             raise ValueError(
                 f"{where}: out_partition {out_partition} leaves out mesh axes {sorted(lost)} that the input "
@@ -413,7 +414,7 @@ def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh |
                 "sums it away in a Reduce); it never gathers a split onto every device"
                 + (_summing_limit(summable) if summable > 1 else ""))
     elif counts is not None:
-        out = ("counts", _check_counts(counts, in_layout, mesh, op, shard_weights, where))
+        out = ("counts", _check_counts(counts, in_layout, mesh, (op,) + then, shard_weights, where))
     return Setup(mesh, in_layout, out, cost, shard_weights, where)
 
 
@@ -440,12 +441,12 @@ def _check_shardable(op: Operator, mesh: Mesh, where: str) -> None:
                 "shard_weights='auto' (it may keep that weight whole) or other sizes")
 
 
-def _summable(op: Operator, mesh: Mesh, shard_weights) -> int:
-    """An upper bound on the devices' worth of split that `op` can sum away (a mesh axis
-    leaves the layout only in a `psum`): a `Reduce` any; a row-parallel `Matrix` (where
-    `shard_weights` allows one) the largest product of mesh axis sizes dividing its
-    columns; steps one after the other the product of theirs; a sum the least of its
-    terms', as each term must sum away what the sum drops."""
+def _summable(ops: tuple[Operator, ...], mesh: Mesh, shard_weights) -> int:
+    """An upper bound on the devices' worth of split that `ops`, one after the other, can
+    sum away (a mesh axis leaves the layout only in a `psum`): a `Reduce` any; a
+    row-parallel `Matrix` (where `shard_weights` allows one) the largest product of
+    mesh axis sizes dividing its columns; steps one after the other the product of
+    theirs; a sum the least of its terms', as each term must sum away what the sum drops."""
     counts = {math.prod(c) for k in range(len(mesh.shape) + 1)
               for c in itertools.combinations(mesh.shape.values(), k)}
     devices = math.prod(mesh.shape.values())
@@ -461,7 +462,7 @@ def _summable(op: Operator, mesh: Mesh, shard_weights) -> int:
                 total *= max(q for q in counts if step.in_sizes[0] % q == 0)
         return min(total, devices)
 
-    return of(program(op, op.domain_shape))
+    return min(math.prod(of(program(op, op.domain_shape)) for op in ops), devices)
 
 
 def _summing_limit(summable: int) -> str:
@@ -485,9 +486,9 @@ def _arrangeable(counts: tuple[int, ...], sizes: list[int]) -> bool:
     return False
 
 
-def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, op: Operator, shard_weights,
+def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, ops: tuple[Operator, ...], shard_weights,
                   where: str):
-    """`counts` if an arrangement of the input's mesh axes cuts the axes so, and `op` can
+    """`counts` if an arrangement of the input's mesh axes cuts the axes so, and `ops` can
     sum away the rest (a `ValueError` naming what is wrong otherwise)."""
     if len(counts) != len(in_layout):
         raise ValueError(f"{where}: out_partition has {len(counts)} entries, the output has {len(in_layout)} axes")
@@ -498,7 +499,7 @@ def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, op: Op
     if wanted > given or not _arrangeable(counts, sizes):
         raise ValueError(f"{why}: no arrangement of the input's mesh axes cuts the output axes so (parop moves "
                          "splits between axes, it never gathers a split axis onto every device)")
-    summable = _summable(op, mesh, shard_weights)
+    summable = _summable(ops, mesh, shard_weights)
     if given > wanted * summable:
         raise ValueError(f"{why}: it replicates mesh axes that the input splits, over {given // wanted} devices, "
                          "which only summing can drop (parop never gathers a split onto every device)"
