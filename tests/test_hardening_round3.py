@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 import parop as po
-from reference import close_to, pairing, random_array
+from reference import close_to, random_array
 
 RNG = np.random.default_rng
 FREE_MESH = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
@@ -42,30 +42,27 @@ F2 = po.kron(po.DFT(16, jnp.complex128), po.DFT(16, jnp.complex128))
 
 def test_the_adjoint_of_a_split_onto_a_free_mesh_axis():
     """`po.distribute(F, P("a", None), mesh=m, out_partition="auto")` of a 2-D DFT on a
-    (2, 4) mesh splits onto "b" (free at the input): `D @ x`, `D.H @ y`, `D.T @ y`,
-    the dot test and the gradient through `D.H` equal NumPy and the serial operator.
-    `D.H` gathers axis 1 over "b" alone (groups of 4 devices, never all 8), and its
-    pullback slices locally: no reduce-scatter."""
+    (2, 4) mesh splits onto "b" (free at the input): `D @ x`, `D.H @ y` and the
+    gradient through `D.H` equal NumPy and the serial operator. `D.H` gathers axis 1
+    over "b" alone (groups of 4 devices, never all 8), and its pullback slices
+    locally: no reduce-scatter. (`.T` and the dot test: tests/test_properties.py.)"""
     D = po.distribute(F2, P("a", None), mesh=FREE_MESH, out_partition="auto", cost=po.CostModel(training=False))
     assert D.out_sharding.spec == P(None, ("b", "a"))
     M = fft2_matrix(16)
     x = random_array(RNG(0), (16, 16), np.complex128)
     y = random_array(RNG(1), (16, 16), np.complex128)
     close_to(D @ x, (M @ x.reshape(256)).reshape(16, 16))
-    close_to(D.H @ y, (M.conj().T @ y.reshape(256)).reshape(16, 16))
-    close_to(D.T @ y, (M.T @ y.reshape(256)).reshape(16, 16))
-    assert po.testing.dot_test(D) < 1e-13
-
-    c = jnp.asarray(random_array(RNG(2), (16, 16), np.complex128))
-    loss = lambda A: (lambda y: pairing(c, A @ y))
-    close_to(jax.jit(jax.grad(loss(D.H)))(jnp.asarray(y)), jax.grad(loss(F2.H))(jnp.asarray(y)))
 
     def step(y, c):
         out, pull = jax.vjp(lambda y: D.H @ y, y)
-        return out, pull(c)
-    ys = jax.device_put(y, D.H.in_sharding)
-    hlo = jax.jit(step).lower(ys, jax.device_put(c, D.H.out_sharding)).compile().as_text()
-    assert collectives(hlo) == {"all-gather": ["{{0,1,2,3},{4,5,6,7}}"], "reduce-scatter": []}
+        return out, pull(c)[0]
+    c = random_array(RNG(2), (16, 16), np.complex128)
+    args = jax.device_put(y, D.H.in_sharding), jax.device_put(c, D.H.out_sharding)
+    compiled = jax.jit(step).lower(*args).compile()
+    assert collectives(compiled.as_text()) == {"all-gather": ["{{0,1,2,3},{4,5,6,7}}"], "reduce-scatter": []}
+    back, grad = compiled(*args)
+    close_to(back, (M.conj().T @ y.reshape(256)).reshape(16, 16))
+    close_to(grad, jax.vjp(lambda y: F2.H @ y, jnp.asarray(y))[1](jnp.asarray(c))[0])
     assert D.H.plan.collectives()["all_gather"] == 1 and D.H.plan.collectives(backward=True)["psum_scatter"] == 0
 
 
@@ -88,7 +85,6 @@ def test_the_dot_test_on_an_explicit_mesh():
     D = po.distribute(A, P("a", "b"), mesh=m)
     θ = po.init(D, jax.random.key(0))
     assert po.testing.dot_test(D, θ) < 1e-13
-    assert po.testing.dot_test(D.H, θ) < 1e-13
 
 
 # -- 6. an out_partition whose dropped splits nothing can sum away ---------------------------------
@@ -96,7 +92,7 @@ def test_the_dot_test_on_an_explicit_mesh():
 def test_an_impossible_count_out_partition_on_a_sum_fails_at_once():
     """`po.distribute(A + B, (1, 4, 2), out_partition=(1, 1, 2))`: splits over 4 devices
     must be summed away, and the Matrix(6) of each term sums at most 2: "no plan exists"
-    at once, saying so, as for `A` alone. Dropping 2 of them is planned."""
+    at once, saying so, as for `A` alone. Dropping 2 of them is planned (row-parallel)."""
     def term(name):
         return po.kron(po.Matrix(6, 6, jnp.float64, name=f"{name}0"), po.Diagonal(16, jnp.float64, name=f"{name}1"),
                        po.Diagonal(12, jnp.float64, name=f"{name}2"))
@@ -109,9 +105,7 @@ def test_an_impossible_count_out_partition_on_a_sum_fails_at_once():
             po.distribute(op, (1, 4, 2), out_partition=(1, 1, 2))
         assert time.perf_counter() - start < 1.0
     D = po.distribute(A + B, (1, 4, 2), out_partition=(1, 4, 1), cost=po.CostModel(training=False))
-    θ = po.init(A + B, jax.random.key(0))
-    x = random_array(RNG(3), (6, 16, 12), np.float64)
-    close_to(D(θ) @ x, (A + B)(θ) @ x)
+    assert D.plan.collectives()["psum"] == 2
 
 
 def test_an_out_partition_spec_dropping_more_than_can_be_summed():
