@@ -69,12 +69,19 @@ def _mismatch(A: Operator, θ: Params | None, key: jax.Array, batch_shape: tuple
     kx, ky = jax.random.split(key)
     x = random(kx, A.domain_shape + batch_shape, A.dtype)
     y = random(ky, A.range_shape + batch_shape, A.range_dtype)
-    lhs = jnp.vdot(_widened(A.apply(θ, x)), _widened(y))
-    rhs = jnp.vdot(_widened(x), _widened(A.H.apply(θ, y)))
+    lhs = _inner(A.apply(θ, x), y)
+    rhs = _inner(x, A.H.apply(θ, y))
     if not (_dtypes.is_complex(A.dtype) and _dtypes.is_complex(A.range_dtype)):
         lhs, rhs = lhs.real, rhs.real
     scale = jnp.maximum(jnp.maximum(jnp.abs(lhs), jnp.abs(rhs)), jnp.finfo(lhs.dtype).tiny)
     return jnp.abs(lhs - rhs) / scale
+
+
+def _inner(u: jax.Array, v: jax.Array) -> jax.Array:
+    """`<u, v> = sum(conj(u) * v)` in at least float32, without flattening (`jnp.vdot`'s
+    reshape of an array sharded on an Explicit mesh axis is not defined)."""
+    axes = tuple(range(u.ndim))
+    return jax.lax.dot_general(jnp.conj(_widened(u)), _widened(v), ((axes, axes), ((), ())))
 
 
 def _widened(a: jax.Array) -> jax.Array:

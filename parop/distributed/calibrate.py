@@ -38,6 +38,9 @@ def calibrate(devices: Sequence[jax.Device] | None = None, *, small: int = 1 << 
     >>> D = po.distribute(F, (2, 2, 2), cost=cost)
     ```
     """
+    for name, value in (("small", small), ("large", large), ("repeats", repeats)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"calibrate: {name} must be a positive int, got {value!r}")
     devices = list(jax.devices() if devices is None else devices)
     n = len(devices)
     if n < 2:
@@ -46,9 +49,14 @@ def calibrate(devices: Sequence[jax.Device] | None = None, *, small: int = 1 << 
     spec = PartitionSpec("calibrate")
     exchange = jax.jit(jax.shard_map(lambda x: jax.lax.all_to_all(x, "calibrate", 1, 0, tiled=True),
                                      mesh=mesh, in_specs=spec, out_specs=spec))
+    sizes = [max(n, payload // 8 // n * n) for payload in (small, large)]  # complex64 elements per device, divisible by n
+    if sizes[0] >= sizes[1]:
+        raise ValueError(
+            f"calibrate: the payloads must differ, small < large: small={small} and large={large} bytes give "
+            f"{sizes[0]} and {sizes[1]} complex64 elements per device (rounded down to a multiple of the {n} devices, at least {n}); use a "
+            f"large of at least {(sizes[0] + n) * 8} bytes")
     timings = {}
-    for payload in (small, large):
-        columns = max(n, payload // 8 // n * n)  # complex64 elements per device, divisible by n
+    for columns in sizes:
         x = jax.device_put(jnp.ones((n, columns), jnp.complex64), NamedSharding(mesh, spec))
         sent = columns * 8 * (n - 1) / n
         timings[sent] = _median_time(exchange, x, repeats)

@@ -58,7 +58,7 @@ def distribute_chain(
         if b.out_dtype(a.range_dtype) is None:
             raise TypeError(f"{where}: operator {k + 1} ({b!r}) does not take the {a.range_dtype} data "
                             f"operator {k} ({a!r}) gives")
-    setup = placement(ops[0], partition, out_partition, mesh, shard_weights, cost, where)
+    setup = placement(ops[0], partition, out_partition, mesh, shard_weights, cost, where, then=ops[1:])
     batch_shape = tuple(batch_shape)
     shape = ops[0].domain_shape + batch_shape
     if len(shape) != len(setup.in_layout):

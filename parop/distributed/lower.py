@@ -84,7 +84,10 @@ def _run(visits, x: jax.Array, weights: dict, scalars: tuple, mesh: Mesh) -> jax
             size = x.shape[action.dst] // visit.before.group(action.axes)
             x = lax.dynamic_slice_in_dim(x, lax.axis_index(_names(action.axes)) * size, size, axis=action.dst)
         elif isinstance(action, Gather):
-            x = lax.all_gather(x, _names(action.axes), axis=action.src, tiled=True)
+            # invariant: the gathered axis is whole on every device of `axes`, as the
+            # layout says (shard_map then sees the output replicated there), and its
+            # transpose is the local slice of the `Split` it undoes, not a `psum_scatter`
+            x = lax.all_gather(x, _names(action.axes), axis=action.src, tiled=True, to="invarying")
             if action.crop:
                 x = lax.slice_in_dim(x, 0, action.crop, axis=action.src)
         elif isinstance(action, Branch):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import numbers
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
@@ -167,7 +169,13 @@ class DistributedOperator(Operator):
 
     def plan_for(self, batch_shape: tuple[int, ...] = ()) -> Plan:
         """The plan for inputs with these trailing batch axes (planned once, kept)."""
-        return self._compiled(tuple(batch_shape), program=False)[0]
+        if (not isinstance(batch_shape, (tuple, list))
+                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in batch_shape)):
+            raise TypeError(f"{self.setup.where}: plan_for takes a tuple of batch sizes (ints), got {batch_shape!r}")
+        if any(n < 1 for n in batch_shape):
+            raise ValueError(f"{self.setup.where}: plan_for: batch sizes must be positive (an empty batch moves "
+                             f"nothing and has no plan), got {tuple(batch_shape)}")
+        return self._compiled(tuple(int(n) for n in batch_shape), program=False)[0]
 
     def _compiled(self, batch_shape: tuple[int, ...], program: bool = True):
         """`(plan, (program, weight specs))` for inputs with `batch_shape` (the program
@@ -302,6 +310,9 @@ def _(op: DistributedOperator, key: jax.Array) -> dict[str, jax.Array]:
     """Each weight drawn where it lives: a jitted initialiser with the weight's sharding as
     its output sharding, so every device computes only its own shard (the same values
     as `po.init` of the serial operator)."""
+    if isinstance(op.mesh, AbstractMesh):
+        raise ValueError(f"po.init({op.setup.where}): planned on an AbstractMesh (a mesh shape), which has no "
+                         "devices to hold the weights: distribute it on a jax.sharding.Mesh of devices to initialise it")
     shardings = op.param_shardings()
     return {name: _drawn(leaf, shardings[name])(name_key(key, name))
             for name, leaf in op.parameters.items()}
@@ -357,9 +368,10 @@ def distribute(
 
 
 def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
-              cost: CostModel | None, where: str) -> Setup:
-    """The `Setup` of `distribute`'s arguments for `op`, each checked (`ValueError` or
-    `TypeError` naming what is wrong)."""
+              cost: CostModel | None, where: str, then: tuple[Operator, ...] = ()) -> Setup:
+    """The `Setup` of `distribute`'s arguments for `op` (followed by the operators `then`,
+    in a chain, before the output), each checked (`ValueError` or `TypeError` naming
+    what is wrong)."""
     if not isinstance(op, Operator) or getattr(op, "distributed", False):
         raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
     check_mesh(mesh, where)
@@ -394,13 +406,15 @@ def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh |
     if isinstance(out_partition, PartitionSpec):
         out = ("layout", layout_of(out_partition, len(in_layout), mesh, where))
         lost = {n for axes in in_layout for n in axes} - {n for axes in out[1] for n in axes}
-        if lost and not _sums(op):
+        summable = _summable((op,) + then, mesh, shard_weights)
+        if math.prod(mesh.shape[n] for n in lost) > summable:
             raise ValueError(
                 f"{where}: out_partition {out_partition} leaves out mesh axes {sorted(lost)} that the input "
                 f"{spec_of(in_layout)} splits over: parop moves a split from one tensor axis to another (or "
-                "sums it away in a Reduce); it never gathers a split onto every device")
+                "sums it away in a Reduce); it never gathers a split onto every device"
+                + (_summing_limit(summable) if summable > 1 else ""))
     elif counts is not None:
-        out = ("counts", _check_counts(counts, in_layout, mesh, op, where))
+        out = ("counts", _check_counts(counts, in_layout, mesh, (op,) + then, shard_weights, where))
     return Setup(mesh, in_layout, out, cost, shard_weights, where)
 
 
@@ -427,21 +441,67 @@ def _check_shardable(op: Operator, mesh: Mesh, where: str) -> None:
                 "shard_weights='auto' (it may keep that weight whole) or other sizes")
 
 
-def _sums(op: Operator) -> bool:
-    """Whether `op` has a `Reduce` (or a tensor-parallel `Matrix`) that can sum a split away."""
-    return any(r is Role.REDUCE or s.dense for s in _steps(op) for r in s.roles)
+def _summable(ops: tuple[Operator, ...], mesh: Mesh, shard_weights) -> int:
+    """An upper bound on the devices' worth of split that `ops`, one after the other, can
+    sum away (a mesh axis leaves the layout only in a `psum`): a `Reduce` any; a
+    row-parallel `Matrix` (where `shard_weights` allows one) the largest product of
+    mesh axis sizes dividing its columns; steps one after the other the product of
+    theirs; a sum the least of its terms', as each term must sum away what the sum drops."""
+    counts = {math.prod(c) for k in range(len(mesh.shape) + 1)
+              for c in itertools.combinations(mesh.shape.values(), k)}
+    devices = math.prod(mesh.shape.values())
+
+    def of(prog) -> int:
+        total = 1
+        for step in prog.steps:
+            if step.terms:
+                total *= min(of(term) for term in step.terms)
+            elif any(r is Role.REDUCE for r in step.roles):
+                total *= devices
+            elif step.dense and shard_weights:
+                total *= max(q for q in counts if step.in_sizes[0] % q == 0)
+        return min(total, devices)
+
+    return min(math.prod(of(program(op, op.domain_shape)) for op in ops), devices)
 
 
-def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, op: Operator, where: str):
-    """`counts` if an arrangement of the input's mesh axes cuts the axes so (a
-    `ValueError` naming what is wrong otherwise)."""
+def _summing_limit(summable: int) -> str:
+    if summable == 1:
+        return " (this operator has no Reduce or row-parallel Matrix to sum a split away)"
+    return (f" (this operator sums away splits over at most {summable} devices: a Reduce sums the mesh axes "
+            "splitting its axis, a row-parallel Matrix those splitting its columns, and each term of a sum must "
+            "sum away what the sum drops)")
+
+
+def _arrangeable(counts: tuple[int, ...], sizes: list[int]) -> bool:
+    """Whether disjoint groups of the mesh axes of `sizes` have the products `counts`."""
+    if not counts:
+        return True
+    for k in range(len(sizes) + 1):
+        for group in itertools.combinations(range(len(sizes)), k):
+            if math.prod(sizes[i] for i in group) == counts[0]:
+                rest = [n for i, n in enumerate(sizes) if i not in group]
+                if _arrangeable(counts[1:], rest):
+                    return True
+    return False
+
+
+def _check_counts(counts: tuple[int, ...], in_layout: Layout, mesh: Mesh, ops: tuple[Operator, ...], shard_weights,
+                  where: str):
+    """`counts` if an arrangement of the input's mesh axes cuts the axes so, and `ops` can
+    sum away the rest (a `ValueError` naming what is wrong otherwise)."""
     if len(counts) != len(in_layout):
         raise ValueError(f"{where}: out_partition has {len(counts)} entries, the output has {len(in_layout)} axes")
     sizes = [mesh.shape[n] for axes in in_layout for n in axes]
-    if math.prod(counts) > math.prod(sizes) or (math.prod(counts) < math.prod(sizes) and not _sums(op)):
-        raise ValueError(
-            f"{where}: out_partition {counts} splits over {math.prod(counts)} devices, the input over "
-            f"{math.prod(sizes)} (mesh axes of sizes {sizes}): it adds or replicates mesh axes that the input "
-            "splits, and parop moves splits between axes, it never gathers a split axis onto every device"
-        )
+    wanted, given = math.prod(counts), math.prod(sizes)
+    why = (f"{where}: no plan exists for out_partition {counts}: it splits over {wanted} devices, the input over "
+           f"{given} (mesh axes of sizes {sizes})")
+    if wanted > given or not _arrangeable(counts, sizes):
+        raise ValueError(f"{why}: no arrangement of the input's mesh axes cuts the output axes so (parop moves "
+                         "splits between axes, it never gathers a split axis onto every device)")
+    summable = _summable(ops, mesh, shard_weights)
+    if given > wanted * summable:
+        raise ValueError(f"{why}: it replicates mesh axes that the input splits, over {given // wanted} devices, "
+                         "which only summing can drop (parop never gathers a split onto every device)"
+                         + _summing_limit(summable))
     return counts

@@ -17,7 +17,14 @@ def _weights(weights, dtype) -> tuple[np.ndarray, np.dtype]:
     """The weights as a read-only NumPy array of the operator's precision, and the
     operator's dtype (by default the weights' own float or complex dtype; float32, or
     complex64 for complex values, for lists and integer arrays)."""
-    w = np.asarray(weights)
+    if isinstance(weights, jax.core.Tracer):
+        raise TypeError(
+            "Stencil: the weights are fixed values, part of the operator, and cannot be traced "
+            "(inside jax.jit or jax.grad); for trainable weights use po.Convolution, whose kernel is a parameter")
+    try:
+        w = np.asarray(weights)
+    except ValueError as e:  # a ragged nested list
+        raise ValueError(f"Stencil: weights must be a rectangular array of numbers, got {weights!r} ({e})") from None
     if not np.issubdtype(w.dtype, np.number):
         raise TypeError(f"Stencil: weights must be an array of numbers, got {weights!r}")
     complex_weights = np.iscomplexobj(w)

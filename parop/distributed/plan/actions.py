@@ -244,7 +244,8 @@ class Split:
 @dataclass(frozen=True)
 class Gather:
     """The transpose of a `Split`: `all_gather` tensor axis `src` over `axes` (its minor
-    mesh axes), then crop it to `crop` (if not 0)."""
+    mesh axes), then crop it to `crop` (if not 0). The gathered value is the same on
+    every device of `axes`, so backward each takes its own slice: no collective."""
 
     axes: tuple[str, ...]
     src: int
@@ -255,9 +256,7 @@ class Gather:
         return tuple(axes[:-k] if a == self.src else axes for a, axes in enumerate(state.layout))
 
     def collectives(self, state: State):
-        g = state.group(self.axes)
-        return ((Collective(ALL_GATHER, self.axes, sent(ALL_GATHER, state.local_bytes, g)),),
-                (Collective(PSUM_SCATTER, self.axes, sent(PSUM_SCATTER, state.local_bytes * g, g)),))
+        return (Collective(ALL_GATHER, self.axes, sent(ALL_GATHER, state.local_bytes, state.group(self.axes))),), ()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ Bytes sent per device, for a local operand of `S` bytes over a group of `g` devi
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 ALL_TO_ALL, PSUM, PSUM_SCATTER, ALL_GATHER, PPERMUTE = "all_to_all", "psum", "psum_scatter", "all_gather", "ppermute"
@@ -69,8 +71,9 @@ class CostModel:
     measured: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self):
-        if not isinstance(self.latency_bytes, (int, float)) or self.latency_bytes < 0:
-            raise ValueError(f"CostModel: latency_bytes must be a number >= 0, got {self.latency_bytes!r}")
+        if (not isinstance(self.latency_bytes, numbers.Real) or isinstance(self.latency_bytes, bool)
+                or not math.isfinite(self.latency_bytes) or self.latency_bytes < 0):
+            raise ValueError(f"CostModel: latency_bytes must be a finite number >= 0, got {self.latency_bytes!r}")
         if not isinstance(self.training, bool):
             raise ValueError(f"CostModel: training must be True or False, got {self.training!r}")
 
