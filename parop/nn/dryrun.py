@@ -42,9 +42,10 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
     - `collectives`: per step, from the compiled HLO, by kind (`all_to_all`, `psum`,
       `psum_scatter`, `all_gather`, `ppermute`; a `psum` is one all-reduce operand:
       XLA combines independent all-reduces into one instruction); `planned`: the same
-      from the plans (forward + backward, a remat layer's forward twice), which hold
-      every collective of the operators but not the global array's: the loss's sums,
-      the biases' gradients, the grid coordinates;
+      from the plans (forward + backward), which hold every collective of the
+      operators but not the global array's (the loss's sums, the biases' gradients,
+      the grid coordinates); XLA drops those that only make the input's gradient, and
+      with `remat` runs again the forward ones the backward pass needs;
     - `sent_bytes`: per device per step, forward and backward, from the plans;
       `hlo_sent_bytes`: what the compiled step's collectives send (its
       `all_to_all`s send exactly the plans' bytes);
@@ -151,22 +152,36 @@ def partition_of(model) -> tuple[int, ...]:
 
 def planned_traffic(model, ops) -> tuple[dict[str, int], float, int]:
     """`(collectives by kind, bytes sent per device, all_to_alls of one Fourier layer)`
-    of one training step, from the plans: every operator forward and backward, a remat
-    Fourier layer's forward twice (its recomputation)."""
+    of one training step, from the plans: every operator forward and backward, but for
+    the backward collectives of the first operator's actions before its first weight:
+    they only make the gradient of the input, which training does not ask for (XLA
+    drops them)."""
     from ..distributed.plan.cost import KINDS
 
     counts, sent = dict.fromkeys(KINDS, 0), 0.0
     if not model.distributed:
         return counts, sent, 0
-    layers = set(range(1, len(ops) - 2))
     for k, op in enumerate(ops):
         fwd, bwd = op.plan.traffic()
-        runs = fwd * (2 if model.remat and k in layers else 1) + bwd
-        for c in runs:
+        skip = len(_input_gradient_only(op.plan)) if k == 0 else 0
+        for c in fwd + bwd[skip:]:
             counts[c.kind] += 1
             sent += c.bytes
     per_layer = ops[1].plan.collectives()["all_to_all"] if len(ops) > 3 else 0
     return counts, sent, per_layer
+
+
+def _input_gradient_only(plan) -> list:
+    """The backward collectives of `plan`'s actions before its first weighted step (the
+    first in `plan.traffic()`'s backward list, the last the backward pass runs): all
+    they make is the input's gradient."""
+    dead = []
+    for visit in plan.visits:
+        step = getattr(visit.action, "step", None)
+        if visit.terms or (step is not None and step.weighted):
+            break
+        dead += visit.action.collectives(visit.before)[1]
+    return dead
 
 
 # -- the command line ------------------------------------------------------------------------

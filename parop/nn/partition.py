@@ -113,10 +113,10 @@ def choose(model, devices: int, batch: int, memory_limit: float | None = None, c
         need = dry_run(dist, batch)["memory_bytes"]
         if need <= memory_limit:
             return dist
-        tried.append(f"{c.partition}: {need / 1e9:.2f} GB per device")
+        tried.append(f"{c.partition}: {need / 1e9:.3g} GB per device")
     shown = "\n  ".join(tried) if tried else "(no split of the batch and grid axes over that many devices)"
     raise ValueError(f"{where}: no partition of (batch, channel, *grid) = {(batch, model.in_channels) + model.grid} "
-                     f"over {devices} devices plans and fits{'' if memory_limit is None else f' in {memory_limit / 1e9:.2f} GB per device'}"
+                     f"over {devices} devices plans and fits{'' if memory_limit is None else f' in {memory_limit / 1e9:.3g} GB per device'}"
                      f"; tried:\n  {shown}\nUse more devices, a smaller batch, or FNO(..., remat=True) to save memory")
 
 
