@@ -49,7 +49,9 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
     - `sent_bytes`: per device per step, forward and backward, from the plans;
       `hlo_sent_bytes`: what the compiled step's collectives send (its
       `all_to_all`s send exactly the plans' bytes);
-    - `all_to_all_per_layer`: the planned `all_to_all`s of one Fourier layer, forward.
+    - `all_to_all_per_layer`: the planned `all_to_all`s of one Fourier layer, forward;
+    - `flops`, `bytes_accessed`: per device per step, XLA's `cost_analysis()` of the
+      compiled step (what `benchmarks/scaling.py` turns into compute time).
 
     The step is `parop.nn.train.make_step` with Adam (or `optimizer`) on the relative L2
     loss, as `fit` trains.
@@ -84,6 +86,8 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
 
     hlo = collectives(compiled.as_text(), devices)
     planned, sent, per_layer = planned_traffic(model, ops)
+    costs = compiled.cost_analysis()
+    costs = costs[0] if isinstance(costs, (list, tuple)) else costs or {}
     return {
         "devices": devices,
         "partition": partition_of(model),
@@ -99,6 +103,8 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
         "hlo_sent_bytes": hlo["sent_bytes"],
         "hlo_all_to_all_bytes": hlo["sent_by_kind"]["all-to-all"],
         "all_to_all_per_layer": per_layer,
+        "flops": float(costs.get("flops", 0.0)),
+        "bytes_accessed": float(costs.get("bytes accessed", 0.0)),
     }
 
 

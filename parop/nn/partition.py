@@ -82,7 +82,7 @@ def ranked(model, devices: int, batch: int, cost=None) -> list[Candidate]:
         try:
             ops = copy.distribute(partition, cost=cost).operators(batch)
         except ValueError as e:
-            out.append(Candidate(partition, None, None, str(e).splitlines()[0]))
+            out.append(Candidate(partition, None, None, _reason(e)))
             continue
         plans = [op.plan for op in ops]
         out.append(Candidate(partition, sum(p.cost[0] for p in plans), sum(p.cost[1] for p in plans)))
@@ -106,7 +106,7 @@ def choose(model, devices: int, batch: int, memory_limit: float | None = None, c
         try:
             dist.operators(batch)
         except ValueError as e:
-            tried.append(f"{c.partition}: {str(e).splitlines()[0]}")
+            tried.append(f"{c.partition}: {_reason(e)}")
             continue
         if memory_limit is None:
             return dist
@@ -118,6 +118,12 @@ def choose(model, devices: int, batch: int, memory_limit: float | None = None, c
     raise ValueError(f"{where}: no partition of (batch, channel, *grid) = {(batch, model.in_channels) + model.grid} "
                      f"over {devices} devices plans and fits{'' if memory_limit is None else f' in {memory_limit / 1e9:.3g} GB per device'}"
                      f"; tried:\n  {shown}\nUse more devices, a smaller batch, or FNO(..., remat=True) to save memory")
+
+
+def _reason(error: ValueError) -> str:
+    """The planner's reason, without the operators it names (the whole network)."""
+    text = str(error).splitlines()[0]
+    return text[text.index("no plan exists"):] if "no plan exists" in text else text
 
 
 def _check(where: str, devices, batch, memory_limit) -> None:
