@@ -43,13 +43,45 @@ def dry_run(case: dict, *, remat: bool, choose: bool = False) -> dict:
     return json.loads(proc.stdout)
 
 
+def block_bytes(width: int = WIDTH) -> int:
+    """Bytes of one device's `width`-channel float32 activation at dfno's block."""
+    return width * math.prod(BLOCK) * 4
+
+
+def markdown(results: dict) -> str:
+    """The README's tables from the saved reports."""
+    gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
+    lines = ["| devices | grid | modes | partition | per device, remat=False | remat=True | all_to_alls per "
+             "Fourier layer | sent per device per step | planning | compiling (remat=False / True) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for devices in sorted(SPLITS):
+        plain, remat = results.get(f"{devices} dfno"), results.get(f"{devices} dfno remat")
+        choice = results.get(f"{devices} choice remat")
+        if not plain or not remat or "error" in plain or "error" in remat:
+            continue
+        lines.append(f"| {devices} | {'x'.join(map(str, plain['grid']))} | {tuple(plain['modes'])} | "
+                     f"{tuple(plain['partition'])} | {gb(plain['memory_bytes'])} | {gb(remat['memory_bytes'])} | "
+                     f"{plain['all_to_all_per_layer']} | {plain['sent_bytes'] / 2**20:.0f} MiB | "
+                     f"{plain['plan_seconds']:.1f} s | {plain['compile_seconds']:.0f} / {remat['compile_seconds']:.0f} s |")
+        if choice and "error" not in choice:
+            lines.append(f"| {devices}, parop's choice | | | {tuple(choice['partition'])} | | "
+                         f"{gb(choice['memory_bytes'])} | {choice['all_to_all_per_layer']} | "
+                         f"{choice['sent_bytes'] / 2**20:.0f} MiB | chosen in {choice.get('choose_seconds', 0):.0f} s | "
+                         f"– / {choice['compile_seconds']:.0f} s |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "will_it_fit.json"))
     p.add_argument("--only", type=int, nargs="*", default=sorted(SPLITS))
+    p.add_argument("--table", action="store_true", help="print the tables of the saved results, run nothing")
     args = p.parse_args()
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else {}
+    if args.table:
+        print(markdown(results))
+        return
     for devices in args.only:
         case = dfno_case(devices)
         runs = [("dfno", False, False), ("dfno", True, False)] + ([("choice", True, True)] if devices > 1 else [])

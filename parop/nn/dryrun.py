@@ -248,6 +248,7 @@ def table(report: dict) -> str:
         ("memory per device", f"{gb(report['memory_bytes'])} (arguments {gb(mem['arguments'])}, outputs "
                               f"{gb(mem['outputs'])}, temporaries {gb(mem['temporaries'])})"),
         ("planning", f"{report['plan_seconds']:.1f} s"),
+        *([("choosing the partition", f"{report['choose_seconds']:.1f} s")] if "choose_seconds" in report else []),
         ("compiling", f"{report['compile_seconds']:.1f} s"),
         ("collectives per step (HLO)", hlo),
         ("collectives per step (plans)", planned),
@@ -271,10 +272,15 @@ def main(argv: list[str] | None = None) -> None:
                 projection=args.projection, remat=args.remat)
     if args.partition:
         model = model.distribute(_ints(args.partition))
-    elif args.devices and args.devices > 1:
+    chosen_in = None
+    if not args.partition and args.devices and args.devices > 1:
         limit = None if args.memory_limit is None else args.memory_limit * 1e9
+        start = time.perf_counter()
         model = model.distribute(devices=args.devices, batch=args.batch, memory_limit=limit)
+        chosen_in = time.perf_counter() - start
     report = dry_run(model, args.batch)
+    if chosen_in is not None:
+        report["choose_seconds"] = chosen_in  # the search, its plans and dry runs included
     print(json.dumps(report) if args.json else table(report))
 
 
