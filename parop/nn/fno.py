@@ -120,8 +120,8 @@ class FNO:
     input for the backward pass (`jax.checkpoint`) and recomputes the rest, and the
     pointwise projection runs over blocks of the grid, each recomputed in the backward
     pass, so that its `projection`-wide activations never exist whole. The same
-    gradients, to float rounding; the forward collectives of each Fourier layer run
-    twice per training step.
+    gradients, to float rounding; the forward collectives that the recomputation needs
+    run again in the backward pass.
     """
 
     def __init__(self, grid: Sequence[int], *, width: int = 32, modes: Sequence[int] | None = None,
