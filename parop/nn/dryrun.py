@@ -7,7 +7,7 @@ update, as `fit` runs it) on `jax.ShapeDtypeStruct`s placed where the model keep
 parameters, optimiser state and data, compiles it, and reads the compiled program's
 `memory_analysis()` and HLO. `python -m parop.nn.dryrun` does it for an FNO from the
 command line, on as many forced CPU host devices as the partition needs (it sets
-`XLA_FLAGS` and restarts itself before JAX starts):
+`XLA_FLAGS` and restarts itself: JAX reads them once, when it starts):
 
 ```
 python -m parop.nn.dryrun --grid 512 512 256 32 --width 20 --modes 32 32 16 8 --layers 4 \\
@@ -23,6 +23,15 @@ import math
 import os
 import sys
 import time
+
+import jax
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ..distributed.hlo import collectives
+from ..distributed.plan.cost import KINDS
+from .fno import FNO
+from .train import as_real, make_step, relative_l2
 
 CHILD = "PAROP_DRYRUN_CHILD"  # set in the restarted process: its XLA_FLAGS are in place
 
@@ -61,11 +70,8 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
     >>> report["memory_bytes"] / 1e9          # GB per device
     ```
     """
-    import jax
-    import optax
-
-    from .train import make_step, relative_l2
-
+    if not isinstance(model, FNO):
+        raise TypeError(f"dry_run: model must be a parop.nn.FNO (serial or distributed), got {type(model).__name__}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"dry_run: batch must be a positive int, got {batch!r}")
     optimizer = optax.adam(1e-3) if optimizer is None else optimizer
@@ -82,8 +88,6 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
     memory = {"arguments": analysis.argument_size_in_bytes, "outputs": analysis.output_size_in_bytes,
               "temporaries": analysis.temp_size_in_bytes, "aliased": analysis.alias_size_in_bytes}
     devices = model.mesh.size if model.distributed else 1
-    from ..distributed.hlo import collectives
-
     hlo = collectives(compiled.as_text(), devices)
     planned, sent, per_layer = planned_traffic(model, ops)
     costs = compiled.cost_analysis()
@@ -112,11 +116,6 @@ def _abstract_step_inputs(model, batch: int, optimizer):
     """`jax.ShapeDtypeStruct`s of the parameters, and of the step's real-view
     parameters, optimiser state, input and target, each placed where training keeps it
     (nothing allocated)."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from .train import as_real
-
     shardings = model.param_shardings(batch) if model.distributed else {}
     θ = jax.eval_shape(model.init, jax.ShapeDtypeStruct((), jax.random.key(0).dtype))
     θr = jax.eval_shape(as_real, θ)
@@ -162,8 +161,6 @@ def planned_traffic(model, ops) -> tuple[dict[str, int], float, int]:
     the backward collectives of the first operator's actions before its first weight:
     they only make the gradient of the input, which training does not ask for (XLA
     drops them)."""
-    from ..distributed.plan.cost import KINDS
-
     counts, sent = dict.fromkeys(KINDS, 0), 0.0
     if not model.distributed:
         return counts, sent, 0
@@ -259,6 +256,21 @@ def table(report: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def _report(args) -> dict:
+    """The dry run the command line asks for (the partition chosen first, given --devices)."""
+    model = FNO(_ints(args.grid), width=args.width, modes=_ints(args.modes), layers=args.layers,
+                projection=args.projection, remat=args.remat)
+    if args.partition:
+        return dry_run(model.distribute(_ints(args.partition)), args.batch)
+    if not args.devices or args.devices == 1:
+        return dry_run(model, args.batch)
+    limit = None if args.memory_limit is None else args.memory_limit * 1e9
+    start = time.perf_counter()
+    model = model.distribute(devices=args.devices, batch=args.batch, memory_limit=limit)
+    chosen_in = time.perf_counter() - start
+    return {**dry_run(model, args.batch), "choose_seconds": chosen_in}  # the search's plans and dry runs included
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
@@ -266,21 +278,10 @@ def main(argv: list[str] | None = None) -> None:
         parser().error("--memory-limit needs --devices")
     if os.environ.get(CHILD) != "1":
         _restart_with_devices(_device_count(args), argv)
-    from .fno import FNO
-
-    model = FNO(_ints(args.grid), width=args.width, modes=_ints(args.modes), layers=args.layers,
-                projection=args.projection, remat=args.remat)
-    if args.partition:
-        model = model.distribute(_ints(args.partition))
-    chosen_in = None
-    if not args.partition and args.devices and args.devices > 1:
-        limit = None if args.memory_limit is None else args.memory_limit * 1e9
-        start = time.perf_counter()
-        model = model.distribute(devices=args.devices, batch=args.batch, memory_limit=limit)
-        chosen_in = time.perf_counter() - start
-    report = dry_run(model, args.batch)
-    if chosen_in is not None:
-        report["choose_seconds"] = chosen_in  # the search, its plans and dry runs included
+    try:
+        report = _report(args)
+    except (ValueError, TypeError) as error:  # bad sizes, no plan, nothing fits: the message, no traceback
+        parser().exit(2, f"python -m parop.nn.dryrun: {error}\n")
     print(json.dumps(report) if args.json else table(report))
 
 
