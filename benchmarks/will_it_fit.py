@@ -66,9 +66,13 @@ def markdown(results: dict) -> str:
         if choice and "error" not in choice:
             lines.append(f"| {devices}, parop's choice | | | {tuple(choice['partition'])} | | "
                          f"{gb(choice['memory_bytes'])} | {choice['all_to_all_per_layer']} | "
-                         f"{choice['sent_bytes'] / 2**20:.0f} MiB | chosen in {choice.get('choose_seconds', 0):.0f} s | "
+                         f"{choice['sent_bytes'] / 2**20:.0f} MiB | {_chosen_in(choice)} | "
                          f"– / {choice['compile_seconds']:.0f} s |")
     return "\n".join(lines)
+
+
+def _chosen_in(report: dict) -> str:
+    return f"chosen in {report['choose_seconds']:.0f} s" if "choose_seconds" in report else "–"
 
 
 def main() -> None:

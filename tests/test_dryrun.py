@@ -107,6 +107,10 @@ def test_no_partition_fits_is_a_clear_error():
                           (dict(), "give a partition")]:
         with pytest.raises(ValueError, match=match):
             model.distribute(**kwargs)
+    with pytest.raises(ValueError, match="dry_run: batch must be a positive int, got 0"):
+        dry_run(model, 0)
+    with pytest.raises(TypeError, match="dry_run: model must be a parop.nn.FNO"):
+        dry_run(object(), 1)
 
 
 def test_the_command_line_prints_json():
