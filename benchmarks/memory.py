@@ -8,14 +8,11 @@ temporaries), read from `compiled.memory_analysis()` of the step compiled for P 
 
 from __future__ import annotations
 
-import jax
 import numpy as np
-import optax
 
-from parop.nn import FNO, as_real, relative_l2
+from parop.nn import FNO, dry_run
 
 from ._harness import Target
-from ._train import adam_step
 
 TITLE = "Per-device memory of one compiled FNO training step (arguments + outputs + temporaries)"
 COLUMNS = [("model", "model"), ("partition", "partition"), ("devices", "devices"), ("arguments", "arguments"),
@@ -25,20 +22,9 @@ COLUMNS = [("model", "model"), ("partition", "partition"), ("devices", "devices"
 
 def step_memory(model, batch: int) -> dict:
     """`{arguments, outputs, temporaries, total}` bytes per device of one training step of
-    `model` (serial or distributed) on `batch` samples."""
-    θ = model.init(jax.random.key(0))
-    θr = as_real(θ)
-    optimizer = optax.adam(1e-3)
-    state = optimizer.init(θr)
-    shape = (batch, model.in_channels) + model.grid
-    sharding = getattr(model, "in_sharding", None)
-    x = jax.ShapeDtypeStruct(shape, model.dtype, sharding=sharding)
-    loss = lambda θ, a, u: relative_l2(model.apply(θ, a), u)  # noqa: E731
-    step = adam_step(loss, optimizer, θ)
-    with jax.numpy_dtype_promotion("standard"):
-        analysis = step.lower(θr, state, x, x).compile().memory_analysis()
-    out = {"arguments": analysis.argument_size_in_bytes, "outputs": analysis.output_size_in_bytes,
-           "temporaries": analysis.temp_size_in_bytes}
+    `model` (serial or distributed) on `batch` samples: `parop.nn.dry_run`'s figures."""
+    memory = dry_run(model, batch)["memory"]
+    out = {k: memory[k] for k in ("arguments", "outputs", "temporaries")}
     out["total"] = sum(out.values())
     return out
 

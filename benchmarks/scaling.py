@@ -1,84 +1,92 @@
-"""A scaling model for distributed FFTs and FNO layers: bytes per `all_to_all` against
-local FFT work, with the machine as parameters. `python benchmarks/scaling.py` prints
-the predictions the README quotes.
+"""A scaling model from measured traffic: predicted training-step time and weak-scaling
+efficiency of dfno's configuration (64x64x64x32 points per device, width 20, 4 Fourier
+layers) from 1 to 512 devices, on a machine given by its parameters. A model, not a
+measurement: nothing here runs on a GPU.
 
-Model (per device, one application):
-- a local pass over an axis (FFT, restriction) is memory-bound: it reads and writes the
-  local block once, `2 * bytes_local / hbm`;
-- an `all_to_all` over a group of `g` devices sends `(g-1)/g` of the local block:
-  `(g - 1) * latency + (g-1)/g * bytes_local / link`.
-The parallel efficiency is the ideal time (one device's work divided by P) over the
-modelled time.
+What is measured (by the dry runs of `benchmarks/will_it_fit.py`, from the compiled
+training step, not from a formula): per device per step, the collectives by kind, the
+bytes they send, and XLA's `cost_analysis()` of the one-device step (floating-point
+operations and bytes read and written). What is modelled:
+
+- compute: the one-device step at the same block (weak scaling: every device works on
+  a block of that size; the longer FFTs of larger grids, a log factor, are left out),
+  memory-bound or compute-bound, whichever is slower: `max(flops / peak,
+  bytes_accessed / hbm)`. The one-device step without remat: XLA's cost analysis
+  counts a loop's body once, so the remat step's blocked projection is under-counted;
+  remat's recomputation (about one more forward pass of each Fourier layer) is left
+  out too;
+- communication: each collective costs a start-up `latency`, and the bytes a device
+  sends cross its link at `link` bytes/s (NVLink inside a node, the network card
+  beyond); no overlap with compute.
+
+Weak-scaling efficiency at P devices is the one-device step time over the P-device
+step time. `python benchmarks/scaling.py [--results benchmarks/will_it_fit.json]`
+prints the table the README quotes.
 """
 
 from __future__ import annotations
 
-import math
+import argparse
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
 class Machine:
     name: str
+    peak: float  # float32 flop/s per device
     hbm: float  # bytes/s a device streams from its memory
-    link: float  # bytes/s a device sends to others (injection bandwidth)
-    latency: float  # s per peer message
+    node: int  # devices per node, joined by `nvlink`
+    nvlink: float  # bytes/s a device sends inside its node
+    link: float  # bytes/s a device sends to other nodes
+    latency: float  # s per collective
 
 
-H100_CLUSTER = Machine("H100, 400 Gb/s InfiniBand per GPU", hbm=2.5e12, link=50e9, latency=5e-6)
+H100 = Machine("H100 SXM, 8 per node, 400 Gb/s InfiniBand per GPU", peak=67e12, hbm=3.35e12, node=8,
+               nvlink=450e9, link=50e9, latency=20e-6)
+A100 = Machine("A100 40 GB, 4 per node, 200 Gb/s Slingshot per GPU (Perlmutter, where dfno ran)", peak=19.5e12,
+               hbm=1.55e12, node=4, nvlink=300e9, link=25e9, latency=20e-6)
 
 
-def passes(bytes_local: float, n: int, m: Machine) -> float:
-    return n * 2 * bytes_local / m.hbm
+def step_time(report: dict, one_device: dict, m: Machine) -> dict:
+    """Predicted compute, communication and step time (s) of one dry-run report, with
+    the compute of `one_device`'s report."""
+    compute = max(one_device["flops"] / m.peak, one_device["bytes_accessed"] / m.hbm)
+    link = m.nvlink if report["devices"] <= m.node else m.link
+    count = sum(report["collectives"].values())
+    comm = count * m.latency + report["hlo_sent_bytes"] / link if report["devices"] > 1 else 0.0
+    return {"compute": compute, "comm": comm, "step": compute + comm}
 
 
-def all_to_all(bytes_local: float, g: int, m: Machine) -> float:
-    return (g - 1) * m.latency + (g - 1) / g * bytes_local / m.link
-
-
-def fft3d(n: int, p1: int, p2: int, m: Machine, itemsize: int = 8) -> dict:
-    """A complex n³ FFT on a p1 x p2 pencil grid, ending in the planner's "auto" layout
-    (2 all_to_alls: one within each group)."""
-    p = p1 * p2
-    local = n**3 * itemsize / p
-    compute = passes(local, 3, m)
-    comm = all_to_all(local, p1, m) + all_to_all(local, p2, m)
-    ideal = passes(n**3 * itemsize, 3, m) / p
-    return {"local MiB": local / 2**20, "compute µs": compute * 1e6, "comm µs": comm * 1e6,
-            "efficiency": ideal / (compute + comm)}
-
-
-def fno_layer(grid: tuple[int, ...], width: int, modes: tuple[int, ...], p: int, m: Machine,
-              itemsize: int = 4) -> dict:
-    """One spectral layer of a 3-D + time FNO split over `p` devices along its first
-    spatial axis, as parop plans it: transform and restrict the local axes, move the
-    (restricted, complex) data once so the split axis is whole, transform, restrict,
-    mix, and back (2 all_to_alls of restricted data)."""
-    points = math.prod(grid)
-    local = width * points * itemsize / p
-    # forward: real FFT + restriction over the local axes, shrinking as modes are kept
-    shrink = math.prod(k / n for k, n in zip(modes[1:], grid[1:]))
-    compute = 2 * (passes(local, len(grid) - 1, m) + passes(local * shrink * 2, 2, m))
-    moved = local * shrink * 2  # complex, restricted on all but the split axis
-    comm = 2 * all_to_all(moved, p, m)
-    ideal = 2 * (passes(width * points * itemsize, len(grid) - 1, m)
-                 + passes(width * points * itemsize * shrink * 2, 2, m)) / p
-    return {"local MiB": local / 2**20, "moved MiB": moved / 2**20, "compute µs": compute * 1e6,
-            "comm µs": comm * 1e6, "efficiency": ideal / (compute + comm)}
+def table(results: dict, kind: str, m: Machine) -> list[str]:
+    """Markdown rows: devices, partition, compute, communication, step, efficiency."""
+    rows = ["| devices | partition | compute | communication | step | efficiency |", "|---|---|---|---|---|---|"]
+    one = results["1 dfno"]
+    base = step_time(one, one, m)["step"]
+    for devices in (1, 8, 64, 256, 512):
+        report = results.get(f"{devices} {kind}") or results.get(f"{devices} dfno remat")
+        if report is None or "error" in report:
+            continue
+        t = step_time(report, one, m)
+        eff = f"{base / t['step']:.0%}"
+        rows.append(f"| {devices} | {tuple(report['partition'])} | {t['compute'] * 1e3:.0f} ms | "
+                    f"{t['comm'] * 1e3:.1f} ms | {t['step'] * 1e3:.0f} ms | {eff} |")
+    return rows
 
 
 def main() -> None:
-    m = H100_CLUSTER
-    print(f"machine: {m.name}: HBM {m.hbm / 1e12:.1f} TB/s, link {m.link / 1e9:.0f} GB/s, "
-          f"latency {m.latency * 1e6:.0f} µs per peer\n")
-    print("3-D complex FFT, pencil decomposition, 2 all_to_alls")
-    for n, p1, p2 in [(512, 16, 32), (1024, 16, 32), (2048, 16, 32), (512, 1, 8)]:
-        r = fft3d(n, p1, p2, m)
-        print(f"  {n}³ on {p1 * p2:>3} ({p1}x{p2}): " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()))
-    print("\nFNO spectral layer (dfno size: 256³ x 64 time steps, width 20, modes 24³ x 8), split over x")
-    for p in (32, 64, 128, 256):
-        r = fno_layer((256, 256, 256, 64), 20, (24, 24, 24, 8), p, m)
-        print(f"  on {p:>3}: " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()))
+    p = argparse.ArgumentParser()
+    p.add_argument("--results", default=str(Path(__file__).resolve().parent / "will_it_fit.json"))
+    args = p.parse_args()
+    results = json.loads(Path(args.results).read_text())
+    for m in (H100, A100):
+        print(f"\n{m.name}: {m.peak / 1e12:.1f} TFLOP/s float32, HBM {m.hbm / 1e12:.2f} TB/s, "
+              f"{m.nvlink / 1e9:.0f} GB/s in a node of {m.node}, {m.link / 1e9:.0f} GB/s beyond, "
+              f"{m.latency * 1e6:.0f} µs per collective")
+        for kind in ("dfno remat", "choice remat"):
+            print(f"\n{kind.replace('dfno', 'dfno partition').replace('choice', 'parop choice')}:")
+            print("\n".join(table(results, kind, m)))
 
 
 if __name__ == "__main__":

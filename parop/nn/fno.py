@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import _dtypes
 from ..algebra import kron
-from ..distributed import CostModel, DistributedOperator, distribute_chain
+from ..distributed import CostModel, DistributedOperator, distribute, distribute_chain
 from ..distributed.layout import spec_of
 from ..distributed.operator import placement
 from ..operator import Operator
@@ -115,11 +115,18 @@ class FNO:
 
     `local_kernel=k` adds a `k`^d periodic convolution to each Fourier layer, beside the
     spectral one (neuraloperator's local path; distributed, a halo exchange).
+
+    `remat=True` trades compute for memory in training: each Fourier layer keeps only its
+    input for the backward pass (`jax.checkpoint`) and recomputes the rest, and the
+    pointwise projection runs over blocks of the grid, each recomputed in the backward
+    pass, so that its `projection`-wide activations never exist whole. The same
+    gradients, to float rounding; the forward collectives that the recomputation needs
+    run again in the backward pass.
     """
 
     def __init__(self, grid: Sequence[int], *, width: int = 32, modes: Sequence[int] | None = None,
                  layers: int = 4, in_channels: int = 1, out_channels: int = 1, projection: int = 128,
-                 dtype=jnp.float32, local_kernel: int | None = None):
+                 dtype=jnp.float32, local_kernel: int | None = None, remat: bool = False):
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else grid
         if not isinstance(grid, tuple) or not 1 <= len(grid) <= 4 or not all(
                 isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in grid):
@@ -130,19 +137,22 @@ class FNO:
                 raise ValueError(f"FNO: {what} must be a positive int, got {value!r}")
         if local_kernel is not None and (not isinstance(local_kernel, int) or local_kernel < 1 or local_kernel % 2 == 0):
             raise ValueError(f"FNO: local_kernel must be an odd positive int (or None), got {local_kernel!r}")
+        if not isinstance(remat, bool):
+            raise ValueError(f"FNO: remat must be True or False, got {remat!r}")
         dtype = _dtypes.canonical(dtype)
         if dtype not in (jnp.float32, jnp.float64):
             raise ValueError(f"FNO: dtype must be float32 or float64 (its spectral weights are complex), got {dtype}")
         self.grid, self.width, self.modes = grid, width, check_modes(grid, modes)
         self.n_layers, self.in_channels, self.out_channels = layers, in_channels, out_channels
         self.projection, self.dtype, self.local_kernel = projection, dtype, local_kernel
+        self.remat = remat
         self._operators: dict[int, list[Operator]] = {}
 
     def _rebuild(self, cls, **extra):
         """The same network as an instance of `cls`."""
         return cls(self.grid, width=self.width, modes=self.modes, layers=self.n_layers,
                    in_channels=self.in_channels, out_channels=self.out_channels, projection=self.projection,
-                   dtype=self.dtype, local_kernel=self.local_kernel, **extra)
+                   dtype=self.dtype, local_kernel=self.local_kernel, remat=self.remat, **extra)
 
     # -- the operators -------------------------------------------------------------------
     def operators(self, batch: int) -> list[Operator]:
@@ -213,18 +223,47 @@ class FNO:
         h = jnp.concatenate([a.astype(self.dtype), jnp.broadcast_to(coords, (a.shape[0],) + coords.shape)], axis=1)
         h = self._affine(ops[0], "lift", θ, h)
         for k, layer in enumerate(ops[1:-2]):
-            h = self._affine(layer, f"skip{k}", θ, h)
-            if k < self.n_layers - 1:
-                h = jax.nn.gelu(h, approximate=False)
+            h = self._fourier_layer(layer, k, θ, h)
+        if self.remat:
+            return self._blocked_projection(θ, h)
         h = jax.nn.gelu(self._affine(ops[-2], "proj1", θ, h), approximate=False)
         return self._affine(ops[-1], "proj2", θ, h)
+
+    def _fourier_layer(self, layer: Operator, k: int, θ: Params, h: jax.Array) -> jax.Array:
+        """Fourier layer `k` (its GELU too, but for the last layer's); with `remat`, only
+        its input is kept for the backward pass."""
+        names = [n for n in θ if n.split(".")[0] in (f"spectral{k}", f"skip{k}", f"local{k}")]
+
+        def run(weights: Params, h: jax.Array) -> jax.Array:
+            h = self._affine(layer, f"skip{k}", weights, h)
+            return jax.nn.gelu(h, approximate=False) if k < self.n_layers - 1 else h
+
+        weights = {n: θ[n] for n in names}
+        return jax.checkpoint(run)(weights, h) if self.remat else run(weights, h)
+
+    def _blocked_projection(self, θ: Params, h: jax.Array) -> jax.Array:
+        """The projection (`proj2 ∘ GELU ∘ proj1`, biases included) over blocks of the
+        grid (`projection_blocks`), each block recomputed in the backward pass."""
+        return projection_in_blocks(self, θ, h)
+
+    def projection_blocks(self, local_grid: tuple[int, ...]) -> tuple[int, int]:
+        """`(axis, count)`: the grid axis (of a device's block `local_grid`) that the
+        remat projection cuts, and into how many blocks: the largest axis, in the fewest
+        blocks that keep a block's `projection`-wide activation at most a quarter of a
+        `width`-wide activation of the whole block (all of the axis where no divisor
+        does)."""
+        axis = max(range(len(local_grid)), key=lambda i: local_grid[i])
+        n = local_grid[axis]
+        least = math.ceil(4 * self.projection / self.width)
+        return axis, next((d for d in range(1, n + 1) if n % d == 0 and d >= least), n)
 
     def _affine(self, op: Operator, name: str, θ: Params, h: jax.Array) -> jax.Array:
         bias = θ[f"{name}.bias"]
         return op(θ) @ h + bias.reshape(bias.shape + (1,) * len(self.grid))
 
     # -- distribution ------------------------------------------------------------------------
-    def distribute(self, partition: tuple[int, ...] | PartitionSpec, *, mesh: Mesh | None = None,
+    def distribute(self, partition: tuple[int, ...] | PartitionSpec | None = None, *, devices: int | None = None,
+                   batch: int | None = None, memory_limit: float | None = None, mesh: Mesh | None = None,
                    cost: CostModel | None = None) -> "DistributedFNO":
         """The same network over a device mesh, the input split as `partition` over
         `(batch, channel, *grid)`: data parallel (the batch split), model parallel (grid
@@ -233,12 +272,58 @@ class FNO:
         live. The 1x1 convolutions keep their (small, `width²`) weights whole
         (`shard_weights=False`): the spectral weights, split with their modes, are the
         ones that matter, and no row-parallel `psum` can then trade the model's
-        parallelism for fewer bytes moved, which also keeps the plan quick to find."""
+        parallelism for fewer bytes moved, which also keeps the plan quick to find.
+
+        Or `devices=N, batch=B` (not both a partition and devices): parop chooses the
+        partition (`dist.partition` says which), the cheapest planned training step on
+        `B` samples over `N` devices whose compiled step needs at most `memory_limit`
+        bytes per device (`parop.nn.dry_run`); a `ValueError` where none fits.
+
+        ```python
+        >>> dist = model.distribute(devices=8, batch=4, memory_limit=16e9)
+        >>> dist.partition                            # e.g. (1, 1, 2, 4)
+        ```"""
+        if devices is not None or batch is not None or memory_limit is not None:
+            if partition is not None or mesh is not None:
+                raise ValueError("FNO.distribute: give a partition (and mesh), or devices=N and batch=B for parop "
+                                 f"to choose one, not both (got partition={partition!r}, devices={devices!r})")
+            if devices is None or batch is None:
+                raise ValueError(f"FNO.distribute: choosing a partition needs devices=N and batch=B, got "
+                                 f"devices={devices!r}, batch={batch!r}")
+            from .partition import choose
+
+            return choose(self, devices, batch, memory_limit, cost)
+        if partition is None:
+            raise ValueError("FNO.distribute: give a partition of (batch, channel, *grid), or devices=N and batch=B")
         return self._rebuild(DistributedFNO, partition=partition, mesh=mesh, cost=cost)
 
     @property
     def distributed(self) -> bool:
         return False
+
+
+def projection_in_blocks(model: FNO, θ: Params, h: jax.Array) -> jax.Array:
+    """`model`'s projection of `h` (`(batch, width, *grid)`, local to one device) block
+    by block along one grid axis (`model.projection_blocks`): a `lax.map` whose body,
+    checkpointed, is all that holds a block's wide activations, forward or backward."""
+    b, grid = h.shape[0], h.shape[2:]
+    axis, count = model.projection_blocks(grid)
+    block_grid = grid[:axis] + (grid[axis] // count,) + grid[axis + 1:]
+    d = model.dtype
+    up = channel_mixing(b, model.projection, model.width, block_grid, d, "proj1")
+    down = channel_mixing(b, model.out_channels, model.projection, block_grid, d, "proj2")
+    weights = {n: θ[n] for n in ("proj1", "proj1.bias", "proj2", "proj2.bias")}
+
+    cut, size = 2 + axis, grid[axis] // count  # (batch, channel, *grid): the grid axis as an axis of h
+
+    @jax.checkpoint  # keeps only the block's index: h is the loop's constant, never copied
+    def block(i: jax.Array) -> jax.Array:
+        block_h = jax.lax.dynamic_slice_in_dim(h, i * size, size, axis=cut)
+        g = jax.nn.gelu(model._affine(up, "proj1", weights, block_h), approximate=False)
+        return model._affine(down, "proj2", weights, g)
+
+    out = jax.lax.map(block, jnp.arange(count))  # (count, batch, out_channels, *block_grid)
+    return jnp.moveaxis(out, 0, cut).reshape((b, model.out_channels) + grid)
 
 
 @lru_cache(maxsize=None)
@@ -275,6 +360,7 @@ class DistributedFNO(FNO):
         self.partition = partition
         self._sample_batch = math.prod(self.setup.mesh.shape[n] for n in self.setup.in_layout[0])
         self._pinned: dict = {}  # where the weights live: fixed by the first batch size planned
+        self._moves: dict = {}  # the remat projection's repartitions, one per batch size
 
     @property
     def mesh(self) -> Mesh:
@@ -292,6 +378,40 @@ class DistributedFNO(FNO):
                              f"batch entry): use a multiple of {split}")
         return list(distribute_chain(super()._build(b), spec_of(self.setup.in_layout), mesh=self.mesh,
                                      shard_weights=False, cost=self.setup.cost, pinned=self._pinned))
+
+    def _blocked_projection(self, θ: Params, h: jax.Array) -> jax.Array:
+        """The remat projection on each device's block, in the layout where the planned
+        `proj1` takes it (its channels whole: a pointwise map, no collective but the
+        weight gradients' all-reduces), then moved as the planned `proj2` moves its
+        output (`projection_move`)."""
+        ops = self.operators(h.shape[0])
+        spec = ops[-2].in_sharding.spec
+        varying = tuple(n for entry in spec for n in _names(entry))
+        names = ("proj1", "proj1.bias", "proj2", "proj2.bias")
+
+        def local(weights: Params, h: jax.Array) -> jax.Array:
+            # varying once, outside the blocks: each weight's gradient is summed in one psum
+            weights = {n: jax.lax.pcast(w, varying, to="varying") if varying else w for n, w in weights.items()}
+            return projection_in_blocks(self, weights, h)
+
+        out = jax.shard_map(local, mesh=self.mesh, in_specs=(PartitionSpec(), spec), out_specs=spec)(
+            {n: θ[n] for n in names}, h)
+        move = self.projection_move(h.shape[0])
+        return out if move is None else move @ out
+
+    def projection_move(self, batch: int) -> DistributedOperator | None:
+        """The repartition that the planned `proj2` ends with (from `proj1`'s input layout
+        to the network's output layout), as a distributed `Identity`; `None` where there
+        is none. The remat projection runs it after its blocks."""
+        ops = self.operators(batch)
+        start, end = ops[-2].in_sharding.spec, ops[-1].out_sharding.spec
+        if ops[-2].plan.in_layout == ops[-1].plan.out_layout:
+            return None
+        key = (batch, start, end)
+        if key not in self._moves:
+            identity = kron(*(Identity(n) for n in ops[-1].range_shape))
+            self._moves[key] = distribute(identity, start, mesh=self.mesh, out_partition=end, cost=self.setup.cost)
+        return self._moves[key]
 
     def param_shardings(self, batch: int | None = None) -> dict[str, NamedSharding]:
         """Where each parameter lives (for inputs of `batch` samples: by default the last

@@ -1,0 +1,138 @@
+"""The partition chosen for the user: `FNO.distribute(devices=N, batch=B,
+memory_limit=None)` searches the splits of the batch and grid axes over `N` devices for
+the cheapest planned training step whose compiled memory fits.
+
+The search ranks candidates by the planned cost of a one-layer copy of the network
+(lifting, one Fourier layer, projection: every Fourier layer of an FNO is planned
+alike, so the copy ranks the partitions as the whole network does, at a fraction of
+the planning time), then plans the whole network for the cheapest and, given a
+`memory_limit`, compiles its training step (`dry_run`) to check that it fits, going
+down the ranking until one does.
+
+Candidates: every split of `N` into counts that divide the batch and grid sizes (the
+channel axis stays whole: the lifting needs it), one of each set that only a swap of
+two interchangeable grid axes (same size and modes, the last, real-FFT axis apart)
+tells apart; first those that split the fewest axes, and those that split one axis
+more. Splitting more axes only adds repartitions to every Fourier layer (each split
+axis must leave its FFT's axis and come back), and planning them takes minutes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import product
+
+import jax
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A partition of `(batch, channel, *grid)` and the planned cost of its one-layer
+    copy (time in bytes, bytes sent per device per step), or why it has no plan."""
+
+    partition: tuple[int, ...]
+    cost: float | None
+    sent: float | None
+    error: str | None = None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(model, devices: int, batch: int) -> list[tuple[int, ...]]:
+    """The partitions of `(batch, channel, *grid)` over `devices` the search considers,
+    fewest split axes first."""
+    sizes = (batch,) + model.grid
+    options = [[d for d in _divisors(n) if devices % d == 0] for n in sizes]
+    twins = _interchangeable(model)
+    found = []
+    for counts in product(*options):
+        if math.prod(counts) != devices:
+            continue
+        grid = counts[1:]
+        if any(grid[i] < grid[j] for i, j in twins):  # one of each set of swaps
+            continue
+        found.append((counts[0], 1) + grid)
+    if not found:
+        return []
+    splits = lambda p: sum(c > 1 for c in p)  # noqa: E731
+    fewest = min(splits(p) for p in found)
+    return sorted((p for p in found if splits(p) <= fewest + 1), key=lambda p: (splits(p), p))
+
+
+def _interchangeable(model) -> list[tuple[int, int]]:
+    """Pairs `(i, j)`, `i < j`, of grid axes that a swap maps onto each other: the same
+    size and modes, neither the last (real-FFT) axis."""
+    g, m = model.grid, model.modes
+    return [(i, j) for i in range(len(g) - 1) for j in range(i + 1, len(g) - 1) if (g[i], m[i]) == (g[j], m[j])]
+
+
+def ranked(model, devices: int, batch: int, cost=None) -> list[Candidate]:
+    """Every candidate with the planned cost of the one-layer copy of `model` on it,
+    cheapest first; those with no plan last, with the planner's reason."""
+    from .fno import FNO
+
+    copy = FNO(model.grid, width=model.width, modes=model.modes, layers=1, in_channels=model.in_channels,
+               out_channels=model.out_channels, projection=model.projection, dtype=model.dtype,
+               local_kernel=model.local_kernel)
+    out = []
+    for partition in candidates(model, devices, batch):
+        try:
+            ops = copy.distribute(partition, cost=cost).operators(batch)
+        except ValueError as e:
+            out.append(Candidate(partition, None, None, _reason(e)))
+            continue
+        plans = [op.plan for op in ops]
+        out.append(Candidate(partition, sum(p.cost[0] for p in plans), sum(p.cost[1] for p in plans)))
+    return sorted(out, key=lambda c: (c.cost is None, c.cost or 0.0, c.partition))
+
+
+def choose(model, devices: int, batch: int, memory_limit: float | None = None, cost=None):
+    """`model` distributed over `devices` on the cheapest candidate partition whose
+    training step on `batch` samples plans and (given `memory_limit`, bytes per device)
+    fits; a `ValueError` saying what was tried where none does."""
+    from .dryrun import dry_run
+
+    where = f"FNO.distribute(devices={devices}, batch={batch}, memory_limit={memory_limit})"
+    _check(where, devices, batch, memory_limit)
+    tried = []
+    for c in ranked(model, devices, batch, cost):
+        if c.cost is None:
+            tried.append(f"{c.partition}: {c.error}")
+            continue
+        dist = model.distribute(c.partition, cost=cost)
+        try:
+            dist.operators(batch)
+        except ValueError as e:
+            tried.append(f"{c.partition}: {_reason(e)}")
+            continue
+        if memory_limit is None:
+            return dist
+        need = dry_run(dist, batch)["memory_bytes"]
+        if need <= memory_limit:
+            return dist
+        tried.append(f"{c.partition}: {need / 1e9:.3g} GB per device")
+    shown = "\n  ".join(tried) if tried else "(no split of the batch and grid axes over that many devices)"
+    raise ValueError(f"{where}: no partition of (batch, channel, *grid) = {(batch, model.in_channels) + model.grid} "
+                     f"over {devices} devices plans and fits{'' if memory_limit is None else f' in {memory_limit / 1e9:.3g} GB per device'}"
+                     f"; tried:\n  {shown}\nUse more devices, a smaller batch, or FNO(..., remat=True) to save memory")
+
+
+def _reason(error: ValueError) -> str:
+    """The planner's reason, without the operators it names (the whole network)."""
+    text = str(error).splitlines()[0]
+    return text[text.index("no plan exists"):] if "no plan exists" in text else text
+
+
+def _check(where: str, devices, batch, memory_limit) -> None:
+    for name, value in (("devices", devices), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: {name} must be a positive int, got {value!r}")
+    available = len(jax.devices())
+    if devices > available:
+        raise ValueError(f"{where}: {devices} devices asked for, {available} available")
+    if memory_limit is not None and (isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float))
+                                     or memory_limit <= 0):
+        raise ValueError(f"{where}: memory_limit must be a positive number of bytes (or None), got {memory_limit!r}")

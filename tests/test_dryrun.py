@@ -1,0 +1,125 @@
+"""Will it fit? `parop.nn.dry_run` against the compiled training step it stands for
+(memory, collectives), `FNO(remat=True)` against `remat=False` (the same gradients,
+serial and distributed), the partition search (`FNO.distribute(devices=N, batch=B)`)
+and the command line. The large cases and timings are in `benchmarks/will_it_fit.py`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from parop.distributed.hlo import collectives
+from parop.nn import FNO, dry_run, relative_l2
+from parop.nn.dryrun import PLAN_KIND, _input_gradient_only
+from parop.nn.partition import candidates, ranked
+from parop.nn.train import as_real, make_step
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def data(model, batch, seed=0):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.standard_normal((batch, model.in_channels) + model.grid), model.dtype),
+            jnp.asarray(rng.standard_normal((batch, model.out_channels) + model.grid), model.dtype))
+
+
+def test_dry_run_is_the_compiled_step():
+    """On 4 devices: the dry run's memory is `memory_analysis()` of the training step
+    compiled on real arrays, its collectives are that step's HLO's, and the step runs
+    the plans' all_to_alls and sends their bytes, but for the lifting's backward
+    all_to_all (it only makes the input's gradient: XLA drops it)."""
+    model = FNO((16, 16), width=4, modes=(4, 4), layers=1, projection=8).distribute((1, 1, 2, 2))
+    report = dry_run(model, 2)
+    θ = model.init(jax.random.key(0))
+    optimizer = optax.adam(1e-3)
+    θr = as_real(θ)
+    a, u = data(model, 2)
+    a, u = jax.device_put(a, model.in_sharding), jax.device_put(u, model.operators(2)[-1].out_sharding)
+    step = make_step(lambda θ, a, u: relative_l2(model.apply(θ, a), u), optimizer, θ)
+    with jax.numpy_dtype_promotion("standard"):
+        compiled = step.lower(θr, optimizer.init(θr), a, u).compile()
+    m = compiled.memory_analysis()
+    assert report["memory_bytes"] == (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                                      - m.alias_size_in_bytes) > 0
+    hlo = collectives(compiled.as_text(), 4)
+    assert report["collectives"] == {PLAN_KIND[k]: n for k, n in hlo["operations"].items()}
+    plans = [op.plan for op in model.operators(2)]
+    dead = _input_gradient_only(plans[0])
+    assert [c.kind for c in dead] == ["all_to_all"]
+    a2a = [c for p in plans for c in sum(p.traffic(), []) if c.kind == "all_to_all"]
+    assert report["collectives"]["all_to_all"] == report["planned"]["all_to_all"] == len(a2a) - 1
+    assert report["hlo_all_to_all_bytes"] == sum(c.bytes for c in a2a) - dead[0].bytes
+    assert report["sent_bytes"] == sum(p.bytes + p.backward_bytes for p in plans) - dead[0].bytes
+    assert report["devices"] == 4 and report["partition"] == (1, 1, 2, 2)
+    assert report["all_to_all_per_layer"] == plans[1].collectives()["all_to_all"]
+
+
+@pytest.mark.parametrize("partition", [None, (2, 1, 2, 2)])
+def test_remat_gives_the_same_gradients(partition):
+    """`remat=True` (checkpointed layers, projection in blocks): the loss and every
+    gradient of `remat=False`, to float64 rounding, serial and distributed."""
+    kwargs = dict(width=4, modes=(4, 4), layers=2, projection=8, dtype=jnp.float64)
+    plain, remat = FNO((8, 8), **kwargs), FNO((8, 8), remat=True, **kwargs)
+    assert remat.projection_blocks((8, 8))[1] > 1  # the projection does run in blocks
+    if partition is not None:
+        plain, remat = plain.distribute(partition), remat.distribute(partition)
+    θ = plain.init(jax.random.key(0))
+    a, u = data(plain, 2)
+    results = [jax.jit(jax.value_and_grad(lambda θ: relative_l2(m.apply(θ, a), u)))(θ) for m in (plain, remat)]
+    (v0, g0), (v1, g1) = results
+    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-13)
+    for name in θ:
+        np.testing.assert_allclose(np.asarray(g1[name]), np.asarray(g0[name]), rtol=1e-11,
+                                   atol=1e-13 * float(jnp.max(jnp.abs(g0[name]))), err_msg=name)
+
+
+def test_the_chosen_partition_plans_and_fits():
+    """`distribute(devices=8, batch=2, memory_limit=...)`: the cheapest candidate that
+    plans, with the limit met; the candidates split the batch and grid axes only, each
+    count dividing its axis."""
+    model = FNO((16, 16), width=4, modes=(8, 6), layers=1, projection=8)
+    found = candidates(model, 8, 2)
+    assert found and all(p[1] == 1 and np.prod(p) == 8 for p in found)
+    assert all(n % c == 0 for p in found for n, c in zip((2, 1, 16, 16), p))
+    order = ranked(model, 8, 2)
+    planned = [c for c in order if c.cost is not None]
+    assert planned and [c.cost for c in planned] == sorted(c.cost for c in planned)
+    dist = model.distribute(devices=8, batch=2, memory_limit=1e9)
+    assert dist.partition == planned[0].partition
+    assert dry_run(dist, 2)["memory_bytes"] <= 1e9
+
+
+def test_no_partition_fits_is_a_clear_error():
+    model = FNO((16,), width=4, modes=(6,), layers=1, projection=8)
+    with pytest.raises(ValueError, match=r"(?s)devices=2, batch=1.*no partition.*fits in 1e-09 GB.*\(1, 1, 2\)"):
+        model.distribute(devices=2, batch=1, memory_limit=1)
+    for kwargs, match in [(dict(partition=(1, 1, 2), devices=2, batch=1), "not both"),
+                          (dict(devices=2), "needs devices=N and batch=B"),
+                          (dict(devices=64, batch=1), "64 devices asked for, 8 available"),
+                          (dict(devices=2, batch=1, memory_limit=-1), "memory_limit must be a positive"),
+                          (dict(), "give a partition")]:
+        with pytest.raises(ValueError, match=match):
+            model.distribute(**kwargs)
+    with pytest.raises(ValueError, match="dry_run: batch must be a positive int, got 0"):
+        dry_run(model, 0)
+    with pytest.raises(TypeError, match="dry_run: model must be a parop.nn.FNO"):
+        dry_run(object(), 1)
+
+
+def test_the_command_line_prints_json():
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_ENABLE_X64",)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "parop.nn.dryrun", "--grid", "16", "16", "--width", "4", "--modes", "4", "4",
+         "--layers", "1", "--projection", "8", "--partition", "1", "1", "2", "1", "--batch", "1", "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["devices"] == 2 and report["partition"] == [1, 1, 2, 1] and report["memory_bytes"] > 0
+    assert set(report["collectives"]) == set(PLAN_KIND.values())
