@@ -3,7 +3,7 @@ transpose, distributed operators that behave like serial ones.
 
 1. An operator is a pytree with static structure: `jax.jit(lambda A, x: A @ x)(F, x)`
    works, an equal rebuild does not retrace; equality and hash are structural, and
-   unnamed parametric leaves get fresh names.
+   unnamed parametric leaves are named by the operator they are in (tests/test_names.py).
 2. `A(θ)` (a `Bound`) is a pytree whose leaves are θ's arrays: through `jit`, `grad`
    (the gradient is a `Bound`), `vmap` (a batch of weights) and `jax.tree.map`.
 3. Traced scalars: `c * A` with `c` a JAX scalar under `jit` and `grad`, `A.H`
