@@ -106,7 +106,10 @@ class Leaf(Operator):
         raise NotImplementedError
 
     def weight(self, θ: Params):
-        return None if self.param_shape is None else θ[self.name]
+        """This leaf's weight in `θ` (`None` for a leaf without one), by its name: for
+        an unnamed leaf, the name it has alone (`Matrix_0`; in a larger operator, apply
+        that operator, which names its leaves)."""
+        return None if self.param_shape is None else θ[self.named.name]
 
     def _forward(self, w, x: jax.Array, axis: int) -> jax.Array:
         raise NotImplementedError
