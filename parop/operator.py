@@ -17,7 +17,8 @@ and the pytree registration) lives here.
 defined (`Operator.__init_subclass__`): an operator's structure (sizes, dtypes, names,
 options) is static, and its only array leaves are traced scalars (`c * A` with `c` a
 JAX array). So `jax.jit(f)(A, x)` works, and equal operators (`==`: built the same
-way from equal leaves) hash alike and share one trace.
+way from equal leaves, with one leaf object wherever the other has one) hash alike and
+share one trace.
 """
 
 from __future__ import annotations
