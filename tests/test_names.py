@@ -61,6 +61,7 @@ def test_the_same_operator_built_twice_is_equal_with_the_same_names_and_values()
     assert po.Matrix(3, 3) == po.Matrix(3, 3) and po.Matrix(3, 3).name is None
     assert list(po.Matrix(3, 3).parameters) == ["Matrix_0"]
     assert repr(a.named) == "(Matrix(4×4 'Matrix_0') ⊗ I(3)) @ (Matrix(4×4 'Matrix_1') ⊗ Diagonal(3 'd'))"
+    assert repr(a) == "(Matrix(4×4) ⊗ I(3)) @ (Matrix(4×4) ⊗ Diagonal(3 'd'))" and "'Matrix_1'" in po.tree(a)
 
 
 # -- 2. sharing ---------------------------------------------------------------------------------
