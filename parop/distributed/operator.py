@@ -372,7 +372,7 @@ def distribute(
     >>> y = D @ x                 # == np.fft.rfftn(x), sharded as D.out_sharding
     ```
     """
-    setup = placement(op.named, partition, out_partition, mesh, shard_weights, cost, f"distribute({op!r})")
+    setup = placement(op, partition, out_partition, mesh, shard_weights, cost, f"distribute({op!r})")
     D = DistributedOperator(op, setup)
     if D.n_batch == 0:
         D.plan_for(())  # plan now, so that bad input fails here and not at the first call
@@ -381,10 +381,11 @@ def distribute(
 
 def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
               cost: CostModel | None, where: str) -> Setup:
-    """The `Setup` of `distribute`'s arguments for the named operator `op`, each checked
-    (`ValueError` or `TypeError` naming what is wrong)."""
+    """The `Setup` of `distribute`'s arguments for `op` (planned as `op.named`), each
+    checked (`ValueError` or `TypeError` naming what is wrong)."""
     if not isinstance(op, Operator) or getattr(op, "distributed", False):
         raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
+    op = op.named
     check_mesh(mesh, where)
     program(op, op.domain_shape)  # an operator the planner cannot read fails here
     cost = CostModel() if cost is None else cost
