@@ -164,9 +164,11 @@ print("forward and gradient match NumPy")
 # %% [markdown]
 # ## Names and shared weights
 #
-# A weight's key is the leaf's `name=`, or a name generated when the leaf is built
-# (`Matrix_0`, …). The same leaf used twice is **one** weight, and so are two leaves given
-# the same name. Below, `A = kron(W, W)` applies one 4 × 4 matrix to both axes of a 4 × 4
+# A weight's key is the leaf's `name=`, or, for an unnamed leaf, the name the operator it is
+# used in gives it (`Matrix_0`, `Matrix_1`, … in order of appearance): the same whenever the
+# same code builds the operator, in this process or a fresh one. The same leaf used twice is
+# **one** weight, and so are two leaves given the same name; two unnamed leaves built
+# separately are two. Below, `A = kron(W, W)` applies one 4 × 4 matrix to both axes of a 4 × 4
 # tensor (`W X Wᵀ`), and its gradient sums both uses, as `jax.grad` of the plain formula
 # does. Two leaves that share a name but not a shape are an error.
 

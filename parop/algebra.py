@@ -130,13 +130,17 @@ _kron_schedule = functools.lru_cache(maxsize=None)(schedule)
 
 
 class Compose(Operator):
-    """`ops[0] @ ops[1] @ ...`: the last one is applied first. Build it with `@`."""
+    """`ops[0] @ ops[1] @ ...`: the last one is applied first. Build it with `@`.
 
-    def __init__(self, ops: tuple[Operator, ...]):
+    `right_to_left`: its unnamed leaves are named from the last operator to the first.
+    `.H` sets it (where there is more than one unnamed leaf to name), so that the
+    adjoint `B.H @ A.H` of `A @ B` names its leaves as `A @ B` does."""
+
+    def __init__(self, ops: tuple[Operator, ...], right_to_left: bool = False):
         _settle(
             self, [ops[-1].dtype] + [op.dtype for op in ops[:-1]],
             lambda: f"cannot compose {_flows(ops, ' @ ')}: no input dtype flows through every operator",
-            ops=ops, domain_shape=ops[-1].domain_shape, range_shape=ops[0].range_shape,
+            ops=ops, right_to_left=right_to_left, domain_shape=ops[-1].domain_shape, range_shape=ops[0].range_shape,
         )
 
     def out_dtype(self, dtype):
@@ -154,11 +158,17 @@ class Compose(Operator):
     def children(self):
         return self.ops
 
+    def naming_order(self):
+        return self.ops[::-1] if self.right_to_left else self.ops
+
     def _tree_fields(self):
         return ("ops",)
 
     def _adjoint(self):
-        return Compose(tuple(op.H for op in reversed(self.ops)))
+        from .params import unnamed_owners
+
+        flip = len(unnamed_owners(self)) > 1  # the order of naming matters
+        return Compose(tuple(op.H for op in reversed(self.ops)), flip and not self.right_to_left)
 
     def inverse(self):
         return Compose(tuple(op.inverse() for op in reversed(self.ops)))
@@ -320,7 +330,8 @@ def compose(*ops: Operator) -> Operator:
                 f"cannot compose {a!r} @ {b!r}: {a!r} takes shape {a.domain_shape} "
                 f"but {b!r} gives {b.range_shape}"
             )
-    flat = tuple(itertools.chain.from_iterable(op.ops if isinstance(op, Compose) else (op,) for op in ops))
+    flat = tuple(itertools.chain.from_iterable(
+        op.ops if isinstance(op, Compose) and not op.right_to_left else (op,) for op in ops))
     return _checked(Compose(flat))
 
 

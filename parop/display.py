@@ -17,6 +17,12 @@ def _dims(shape) -> str:
     return "×".join(map(str, shape))
 
 
+def _name(op) -> str:
+    """` 'w'` for a leaf named `w`, nothing for an unnamed one (its name comes from the
+    operator it is used in: `po.tree` and `A.named` show it)."""
+    return "" if op.name is None else f" {op.name!r}"
+
+
 def _leaf(op: Operator) -> str | None:
     norm = "" if getattr(op, "norm", "backward") == "backward" else f", {op.norm}"
     if isinstance(op, Identity):
@@ -26,11 +32,11 @@ def _leaf(op: Operator) -> str | None:
     if isinstance(op, InverseDFT):
         return f"i{'r' if op.real else ''}DFT({op.n}{norm})"
     if isinstance(op, (Matrix, PerModeMatrix)):
-        return f"{type(op).__name__}({_dims(op.param_shape)} {op.name!r})"
+        return f"{type(op).__name__}({_dims(op.param_shape)}{_name(op)})"
     if isinstance(op, Diagonal):
-        return f"Diagonal({op.n} {op.name!r})"
+        return f"Diagonal({op.n}{_name(op)})"
     if isinstance(op, Convolution):
-        return f"Conv({_dims(op.param_shape)} {op.name!r}, {op.boundary})"
+        return f"Conv({_dims(op.param_shape)}{_name(op)}, {op.boundary})"
     if isinstance(op, Stencil):
         w = op.weights  # a short 1-D stencil shows its weights, others their shape
         taps = f"[{', '.join(scalar(v.item()) for v in w)}]" if w.ndim == 1 and w.size <= 5 else _dims(w.shape)
@@ -99,7 +105,8 @@ def _child_dtypes(op: Operator, dtype) -> list:
 
 
 def _rows(op: Operator, depth: int = 0, dtype=None):
-    """`(depth, label, operator, input dtype, output dtype)` for each node."""
+    """`(depth, label, operator, input dtype, output dtype)` for each node (of a named
+    operator: see `Operator.named`)."""
     dtype = op.dtype if dtype is None else dtype
     name = _leaf(op) or {Kron: "⊗ kron", Compose: "@ compose", Sum: "+ sum", Transpose: "ᵀ transpose"}.get(type(op))
     if name is None:
@@ -111,7 +118,8 @@ def _rows(op: Operator, depth: int = 0, dtype=None):
 
 
 def tree(op: Operator) -> str:
-    """The operator tree, one node a line, with shapes and the dtypes that flow there.
+    """The operator tree, one node a line, with shapes, the dtypes that flow there and
+    the names of the weights (`op.named`).
 
     ```python
     >>> print(po.tree(po.kron(po.DFT(30), po.DFT(10, dtype=jnp.float32))))
@@ -120,7 +128,7 @@ def tree(op: Operator) -> str:
       rDFT(10)      (10,) float32 → (6,) complex64
     ```
     """
-    rows = [("  " * d + name, f"{o.domain_shape} {i} → {o.range_shape} {out}") for d, name, o, i, out in _rows(op)]
+    rows = [("  " * d + name, f"{o.domain_shape} {i} → {o.range_shape} {out}") for d, name, o, i, out in _rows(op.named)]
     width = max(len(r[0]) for r in rows) + 2
     return "\n".join(f"{a:<{width}}{b}" for a, b in rows)
 
@@ -132,10 +140,10 @@ def html(op: Operator) -> str:
         f"<td>{_html.escape(str(o.domain_shape))}</td><td>{i}</td>"
         f"<td>{_html.escape(str(o.range_shape))}</td><td>{out}</td>"
         f"<td>{', '.join(sorted(o.parameters)) if _leaf(o) else ''}</td></tr>"
-        for d, name, o, i, out in _rows(op)
+        for d, name, o, i, out in _rows(op.named)
     )
     return (
-        f"<div><code>{_html.escape(short(op))}</code><table>"
+        f"<div><code>{_html.escape(short(op.named))}</code><table>"
         "<tr><th>operator</th><th>domain</th><th>dtype</th><th>range</th><th>dtype</th>"
         f"<th>parameters</th></tr>{body}</table></div>"
     )

@@ -17,7 +17,8 @@ and the pytree registration) lives here.
 defined (`Operator.__init_subclass__`): an operator's structure (sizes, dtypes, names,
 options) is static, and its only array leaves are traced scalars (`c * A` with `c` a
 JAX array). So `jax.jit(f)(A, x)` works, and equal operators (`==`: built the same
-way from equal leaves) hash alike and share one trace.
+way from equal leaves, with one leaf object wherever the other has one) hash alike and
+share one trace.
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class Operator:
 
     def children(self) -> tuple["Operator", ...]:
         return ()
+
+    def naming_order(self) -> tuple["Operator", ...]:
+        """The children in the order the walk that names unnamed leaves visits them
+        (see `parop.params`): `children()`, unless a subclass says otherwise."""
+        return self.children()
 
     @property
     def distributed(self) -> bool:
@@ -124,12 +130,14 @@ class Operator:
 
     # -- equality: structural ----------------------------------------------------------
     def _key(self) -> tuple:
-        """What identifies this operator: its class, static fields and children."""
+        """What identifies this operator: its class, static fields and children, and
+        which of its unnamed leaves are one object (`parop.params.sharing`)."""
 
         def make():
-            return (type(self).__name__,) + tuple(
+            fields = tuple(
                 (name, _key_of(value)) for name, value in sorted(vars(self).items()) if not name.startswith("_")
             )
+            return (type(self).__name__,) + fields + (("sharing", _sharing(self)),)
 
         return self._cache("_key_cached", make)
 
@@ -158,6 +166,26 @@ class Operator:
         return len(self.domain_shape)
 
     @property
+    def named(self) -> "Operator":
+        """This operator with every parametric leaf carrying its name: an unnamed leaf
+        gets the name this operator gives it (`Matrix_0`, ...: see `parop.params`).
+        Itself where every leaf has a name.
+
+        ```python
+        >>> (po.Matrix(3, 3) @ po.Matrix(3, 3)).named
+        Matrix(3×3 'Matrix_0') @ Matrix(3×3 'Matrix_1')
+        ```
+        """
+        from .params import named
+
+        def make():
+            (root,) = named(self)
+            object.__setattr__(root, "_named", root)
+            return root
+
+        return self._cache("_named", make)
+
+    @property
     def parameters(self) -> dict[str, "Operator"]:
         """`{name: leaf}` for every parametric leaf, as `po.init` names them."""
         from .params import parametric_leaves
@@ -178,7 +206,7 @@ class Operator:
         x = _as_input_dtype(self, x)
         θ = {} if θ is None else θ
         check_params(self, θ)
-        return unflatten(self._apply(θ, x, 0))
+        return unflatten(self.named._apply(θ, x, 0))
 
     def __call__(self, θ: Params) -> "Bound":
         return Bound(self, θ)
@@ -295,24 +323,52 @@ def _key_of(value):
     return value
 
 
+def _sharing(op: Operator) -> tuple[int, ...]:
+    from .params import sharing
+
+    return sharing(op) if op.children() else ()
+
+
+def _static(op: Operator, fields: tuple[str, ...]) -> tuple:
+    return tuple((k, v) for k, v in sorted(vars(op).items()) if not k.startswith("_") and k not in fields)
+
+
 def _flatten(op: Operator):
-    """An operator as a pytree node: its `_tree_fields` are the children, the rest of
-    its fields (or, for a node without children, the operator itself) the static data."""
+    """An operator as a pytree node: its `_tree_fields` are the children; the rest of
+    its fields and its sharing pattern (or, for a node without children, the operator
+    itself) the static data. Unflattening rebuilds the combinators around the same leaf
+    objects; the sharing pattern in the static data keeps `A @ A` (one weight) and
+    `A @ B` (two) from sharing a trace."""
     fields = op._tree_fields()
     if not fields:
         return (), op
-    static = tuple((k, v) for k, v in sorted(vars(op).items()) if not k.startswith("_") and k not in fields)
-    return tuple(getattr(op, f) for f in fields), (fields, static)
+    return tuple(getattr(op, f) for f in fields), (fields, _static(op, fields), _sharing(op))
 
 
 def _unflatten(cls, aux, children):
     if not isinstance(aux, tuple):
         return aux
-    fields, static = aux
+    fields, static, _ = aux
+    return _built(cls, static + tuple(zip(fields, children)))
+
+
+def _built(cls, fields) -> Operator:
     op = object.__new__(cls)
-    for name, value in static + tuple(zip(fields, children)):
+    for name, value in fields:
         object.__setattr__(op, name, value)
     return op
+
+
+def map_children(op: Operator, fn) -> Operator:
+    """A copy of the combinator `op` with each child operator `c` replaced by `fn(c)`."""
+    fields = op._tree_fields()
+
+    def mapped(value):
+        if isinstance(value, Operator):
+            return fn(value)
+        return tuple(mapped(v) for v in value) if isinstance(value, tuple) else value
+
+    return _built(type(op), _static(op, fields) + tuple((f, mapped(getattr(op, f))) for f in fields))
 
 
 def _as_tensor(op: Operator, x):

@@ -1,40 +1,121 @@
 """Parameters: naming, `po.init`, and checking a parameter dict against an operator.
 
 Parameters are a plain dict `{name: jax.Array}`, one entry per distinct parametric
-leaf. A leaf's name is its `name=` or one generated when it was built (`Matrix_0`,
-...). The same leaf object used twice is one entry (a shared weight); two leaves
-built with the same name share one weight, so their shapes and dtypes must agree.
+leaf. Names are a function of the operator, never of what else the process built:
+
+- a leaf built with `name=` has that name; two leaves with the same name are one
+  weight (their shapes and dtypes must agree);
+- an unnamed leaf is named by the operator it is used in (the *root*: the operator
+  given to `po.init`, applied, or distributed): a walk over the root's leaves, in the
+  order they appear, gives each distinct unnamed leaf object `Matrix_0`, `Matrix_1`,
+  ... (a count per class, skipping names the root uses explicitly). The same object
+  in two places is one weight (its adjoint `M.H` too); two unnamed leaves built
+  separately are two. The adjoint of a composition walks its factors in the original
+  order (`Compose.right_to_left`), so `A`, `A.H`, `A.T` and `A + A.H` name their
+  leaves alike.
+
+`Operator.named` is the root with every parametric leaf carrying its name; applying,
+`.parameters` and distributing use it. Leaf objects survive `jax.jit` and `tree_util`
+round trips (they are the pytree's static data), and a combinator's pytree data holds
+its sharing pattern (`sharing`), so `A @ A` (one weight) and `A @ B` (two) never share
+a trace.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+from collections import Counter
 from typing import Mapping
 
 import jax
 import numpy as np
 
 from . import _dtypes
-from .operator import Operator
+from .operator import Operator, map_children
 from .operators.base import Leaf
 
 
+def occurrences(op: Operator) -> tuple[Leaf, ...]:
+    """The parametric leaves of `op` (adjoints included), each time it appears, in the
+    order names are given: children in order, a `Compose` built by `.H` from its last
+    operator to its first (the order of the composition it is the adjoint of)."""
+
+    def make():
+        if isinstance(op, Leaf):
+            return (op,) if op.param_shape is not None else ()
+        return tuple(leaf for child in op.naming_order() for leaf in occurrences(child))
+
+    return op._cache("_occurrences", make)
+
+
+def unnamed_owners(op: Operator) -> list[Leaf]:
+    """The distinct unnamed leaf objects that own a weight in `op`, in naming order."""
+    owners = {id(leaf.leaf): leaf.leaf for leaf in occurrences(op) if leaf.name is None}
+    return list(owners.values())
+
+
+def sharing(op: Operator) -> tuple[int, ...]:
+    """Which unnamed parametric leaves of `op` are one object: for each, in naming order,
+    the position of the first one with the same owner. `A @ A` gives `(0, 0)`, `A @ B`
+    `(0, 1)`: equal structure, different weights."""
+    first: dict[int, int] = {}
+    unnamed = (leaf.leaf for leaf in occurrences(op) if leaf.name is None)
+    return tuple(first.setdefault(id(owner), k) for k, owner in enumerate(unnamed))
+
+
+def named(*roots: Operator) -> tuple[Operator, ...]:
+    """`roots` (one operator, or the operators of one model, named together) with every
+    unnamed parametric leaf replaced by a copy carrying its generated name: the `k`-th
+    distinct unnamed object of a class, in naming order, is `f"{class}_{k}"`, `k`
+    counting past names used explicitly. Each root is returned itself where it has
+    nothing to name."""
+    explicit = {leaf.name for root in roots for leaf in occurrences(root) if leaf.name is not None}
+    counts: Counter[str] = Counter()
+    copies: dict[int, Leaf] = {}
+    for root in roots:
+        for owner in unnamed_owners(root):
+            if id(owner) in copies:
+                continue
+            prefix = type(owner).__name__
+            while (name := f"{prefix}_{counts[prefix]}") in explicit:
+                counts[prefix] += 1
+            counts[prefix] += 1
+            copies[id(owner)] = _with_name(owner, name)
+
+    def rename(op: Operator) -> Operator:
+        if not any(leaf.name is None for leaf in occurrences(op)):
+            return op
+        if isinstance(op, Leaf):
+            copy = copies[id(op.leaf)]
+            return copy if op is op.leaf else copy.H
+        return map_children(op, rename)
+
+    return tuple(rename(root) for root in roots)
+
+
+def _with_name(leaf: Leaf, name: str) -> Leaf:
+    """A copy of the unnamed `leaf` named `name`."""
+    copy = object.__new__(type(leaf))
+    for key, value in vars(leaf).items():
+        if not key.startswith("_"):
+            object.__setattr__(copy, key, value)
+    object.__setattr__(copy, "name", name)
+    return copy
+
+
 def parametric_leaves(op: Operator) -> dict[str, Leaf]:
-    """`{name: leaf}` for the parametric leaves of `op` (what `op.parameters` gives)."""
-    if isinstance(op, Leaf):
-        leaf = op.leaf
-        return {} if leaf.param_shape is None else {leaf.name: leaf}
+    """`{name: leaf}` for the parametric leaves of `op` (what `op.parameters` gives):
+    the leaves of `op.named`, each carrying its name."""
     found: dict[str, Leaf] = {}
-    for child in op.children():
-        for name, leaf in child.parameters.items():
-            other = found.setdefault(name, leaf)
-            if other is not leaf and (other.param_shape, other.param_dtype) != (leaf.param_shape, leaf.param_dtype):
-                raise ValueError(
-                    f"two leaves named {name!r} share one weight but disagree: {other!r} has "
-                    f"{other.param_shape} {other.param_dtype}, {leaf!r} has "
-                    f"{leaf.param_shape} {leaf.param_dtype}"
-                )
+    for leaf in (occurrence.leaf for occurrence in occurrences(op.named)):
+        other = found.setdefault(leaf.name, leaf)
+        if other is not leaf and (other.param_shape, other.param_dtype) != (leaf.param_shape, leaf.param_dtype):
+            raise ValueError(
+                f"two leaves named {leaf.name!r} share one weight but disagree: {other!r} has "
+                f"{other.param_shape} {other.param_dtype}, {leaf!r} has "
+                f"{leaf.param_shape} {leaf.param_dtype}"
+            )
     return found
 
 

@@ -78,7 +78,7 @@ def _fft_matrix(op) -> np.ndarray:
 @functools.partial(jax.jit, static_argnums=2)
 def dense(op: po.Operator, θ=None, real_input: bool | None = None) -> jax.Array:
     """The dense matrix of `op` in complex128, as one compiled program per operator."""
-    return _dense(op, θ, real_input).astype(jnp.complex128)
+    return _dense(op.named, θ, real_input).astype(jnp.complex128)
 
 
 def _dense(op: po.Operator, θ=None, real_input: bool | None = None) -> jax.Array:

@@ -9,6 +9,7 @@ from typing import Literal, Sequence
 from jax.sharding import Mesh, PartitionSpec
 
 from ..operator import Operator
+from ..params import named
 from .operator import DistributedOperator, OutPartition, Setup, check_splits, placement
 from .plan import CostModel, Local, Plan, route
 from .plan.program import chain
@@ -35,7 +36,9 @@ def distribute_chain(
     `shard_weights` and `cost` are those of `po.distribute`; `batch_shape` gives the
     trailing batch axes the partition names, if any. `Ds[k].out_sharding` is
     `Ds[k + 1].in_sharding`. `pinned` (a dict, updated) fixes where weights live: a
-    network planned again for another batch size keeps its weights in place.
+    network planned again for another batch size keeps its weights in place. The
+    operators are one model: their unnamed leaves are named together, in chain order
+    (`Matrix_0` in the first, `Matrix_1` in the next, ...), so one θ serves them all.
 
     ```python
     >>> up = po.kron(po.Matrix(64, 8, name="up"), po.DFT(32), po.DFT(32))
@@ -49,15 +52,17 @@ def distribute_chain(
     where = f"distribute_chain({names})"
     if not ops:
         raise ValueError("distribute_chain: needs at least one operator")
+    for k, op in enumerate(ops):
+        if not isinstance(op, Operator) or op.distributed:
+            raise TypeError(f"{where}: operator {k} is {op!r}, not a serial parop operator")
     for k, (a, b) in enumerate(zip(ops, ops[1:])):
-        if not isinstance(b, Operator):
-            raise TypeError(f"{where}: operator {k + 1} is a {type(b).__name__}, not a parop operator")
         if b.domain_shape != a.range_shape:
             raise ValueError(f"{where}: operator {k + 1} ({b!r}) takes shape {b.domain_shape}, but operator "
                              f"{k} ({a!r}) gives {a.range_shape}")
         if b.out_dtype(a.range_dtype) is None:
             raise TypeError(f"{where}: operator {k + 1} ({b!r}) does not take the {a.range_dtype} data "
                             f"operator {k} ({a!r}) gives")
+    ops = named(*ops)
     setup = placement(ops[0], partition, out_partition, mesh, shard_weights, cost, where, then=ops[1:])
     batch_shape = tuple(batch_shape)
     shape = ops[0].domain_shape + batch_shape
@@ -80,7 +85,7 @@ def distribute_chain(
     for k, (op, piece) in enumerate(zip(ops, pieces)):
         plan = Plan(op, dict(mesh.shape), op.domain_shape + batch_shape, op.range_shape + batch_shape,
                     layout, tuple(piece), dtype, setup.cost, expanded if k == 0 else 0)
-        link = Setup(mesh, layout, ("layout", plan.out_layout), setup.cost, setup.shard_weights,
+        link = Setup(op, mesh, layout, ("layout", plan.out_layout), setup.cost, setup.shard_weights,
                      f"distribute_chain(… {op!r} …)", pinned=pinned)
         link.keep((batch_shape, False), plan)
         out.append(DistributedOperator(op, link))

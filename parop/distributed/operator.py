@@ -59,14 +59,16 @@ def place(value, sharding: NamedSharding) -> jax.Array:
 
 @dataclass(frozen=True, eq=False)
 class Setup:
-    """What a distributed operator is besides its serial operator: the mesh, the input
-    layout of the domain and the batch axes the partition names, the wanted output,
-    the machine model. Its plans and programs are kept here, one per input shape, and
-    shared by `D`, `D.H` and every copy JAX makes of them (a `Setup` is compared by
-    identity: it is their static pytree data). The first plan pins where each weight
-    lives (`pinned`); the plans for other batch shapes keep it there, so `po.init(D)`
-    places every weight once."""
+    """What a distributed operator is besides its serial operator: the operator its
+    plans are for (`planned`, named: every weight carries its name), the mesh, the
+    input layout of the domain and the batch axes the partition names, the wanted
+    output, the machine model. Its plans and programs are kept here, one per input
+    shape, and shared by `D`, `D.H`, every copy JAX makes of them and `D` used inside
+    a larger operator (a `Setup` is compared by identity: it is their static pytree
+    data). The first plan pins where each weight lives (`pinned`); the plans for other
+    batch shapes keep it there, so `po.init(D)` places every weight once."""
 
+    planned: Operator
     mesh: Mesh
     in_layout: Layout
     out: object  # None, "auto", a Layout, or ("counts", counts)
@@ -114,6 +116,11 @@ class DistributedOperator(Operator):
     >>> y = D @ x                  # x: (64, 64, 64) complex64, any sharding or host data
     >>> print(D.plan)              # the all_to_all steps, local FFTs and bytes moved
     ```
+
+    `op` keeps its unnamed leaves: like any operator, `D` names them as the root it is
+    used in (alone: as `op` does; inside `D2 @ D1`: as the composition does). Its
+    programs take the weights by the names of `setup.planned`, translated
+    (`weight_names`).
     """
 
     distributed = True
@@ -139,10 +146,24 @@ class DistributedOperator(Operator):
     def _key(self) -> tuple:
         return ("DistributedOperator", self.op._key(), id(self.setup), self.adjoint)
 
+    @property
+    def weight_names(self) -> dict[str, str]:
+        """`{name in the plans: name in θ}`: the names `setup.planned` gives the weights,
+        and the names they have here (where `D` is used inside a larger operator, that
+        operator names `op`'s unnamed leaves)."""
+
+        def make():
+            from ..params import occurrences
+
+            here = occurrences(self.op.named)
+            return {a.name: b.name for a, b in zip(occurrences(self.setup.planned), here)}
+
+        return self._cache("_weight_names", make)
+
     def _apply(self, θ, x, axis):
         if x.size == 0:  # as in `apply` (here inside `D2 @ D1`, `c * D`, `D.T`, ...): the empty result
             return (self.op.H if self.adjoint else self.op)._apply(θ, x, axis)
-        return self._call(θ, x)
+        return self._call({p: θ[n] for p, n in self.weight_names.items()}, x)
 
     def _adjoint(self) -> "DistributedOperator":
         return DistributedOperator(self.op, self.setup, not self.adjoint)
@@ -184,7 +205,7 @@ class DistributedOperator(Operator):
         key = (batch_shape, self.adjoint)
         if key not in plans:
             plan = self._forward_plan(batch_shape)
-            self.setup.keep(key, plan.transpose(self.op.H) if self.adjoint else plan)
+            self.setup.keep(key, plan.transpose(self.setup.planned.H) if self.adjoint else plan)
         plans.move_to_end(key)
         kept = plans[key]
         if program and kept[1] is None:
@@ -208,7 +229,7 @@ class DistributedOperator(Operator):
         in_layout = setup.in_layout + ((),) * (len(batch_shape) - named)  # unnamed batch axes: replicated
         check_splits(shape, in_layout, self.mesh, setup.where)
         goal = setup.goal(in_layout, self.op.range_shape + batch_shape)
-        return make_plan(self.op, shape, in_layout, self.mesh.shape, goal, setup.cost, setup.where,
+        return make_plan(setup.planned, shape, in_layout, self.mesh.shape, goal, setup.cost, setup.where,
                          setup.shard_weights, setup.pinned)
 
     def _default_batch(self) -> tuple[int, ...]:
@@ -240,10 +261,10 @@ class DistributedOperator(Operator):
         (where it is first used), replicated where its operator needs it whole
         (or where its split is uneven: see `stored_spec`)."""
         out: dict[str, NamedSharding] = {}
-        for name, layout in self.plan.weight_specs().items():
-            spec = spec_of(layout)
+        for planned, layout in self.plan.weight_specs().items():
+            name = self.weight_names[planned]
             shape = self.parameters[name].param_shape
-            out.setdefault(name, NamedSharding(self.mesh, stored_spec(spec, shape, self.mesh)))
+            out.setdefault(name, NamedSharding(self.mesh, stored_spec(spec_of(layout), shape, self.mesh)))
         for name in self.parameters:
             out.setdefault(name, NamedSharding(self.mesh, PartitionSpec()))
         return out
@@ -261,8 +282,8 @@ class DistributedOperator(Operator):
             x = jnp.asarray(x)
         if x.size == 0:  # nothing to plan or move: the empty result, as the serial operator gives
             return self.op.H.apply(θ, x) if self.adjoint else self.op.apply(θ, x)
-        weights = {name: self._onto_mesh(θ[name], lambda: self.param_shardings()[name])
-                   for name in self.parameters if name in θ}
+        weights = {p: self._onto_mesh(θ[n], lambda: self.param_shardings()[n])
+                   for p, n in self.weight_names.items() if n in θ}
         return self._call(weights, x)
 
     def _onto_mesh(self, value, sharding):
@@ -277,13 +298,15 @@ class DistributedOperator(Operator):
         return jax.device_put(value, sharding())
 
     def _call(self, θ, x):
-        """`A(θ) @ x` under `jax.jit`: the checks and the flat/tensor handling run when it
-        traces, so a call costs what the jitted program's dispatch costs. One jitted
-        function per `Setup` (and direction) closes over the operator's structure; the
-        operator's traced scalars are its arguments."""
+        """`A(θ) @ x` under `jax.jit`, `θ` by the names of `setup.planned`: the checks and
+        the flat/tensor handling run when it traces, so a call costs what the jitted
+        program's dispatch costs. One jitted function per `Setup` (and direction) closes
+        over the planned operator's structure; the operator's traced scalars are its
+        arguments."""
         call = self.setup.calls.get(self.adjoint)
         if call is None:
-            call = self.setup.calls[self.adjoint] = jax.jit(functools.partial(_call, self))
+            planned = DistributedOperator(self.setup.planned, self.setup, self.adjoint)
+            call = self.setup.calls[self.adjoint] = jax.jit(functools.partial(_call, planned))
         replicated = NamedSharding(self.mesh, PartitionSpec())
         x = self._onto_mesh(x, lambda: self._input_sharding(x))
         scalars = self.op._cache("_scalars", lambda: tuple(jax.tree.leaves(self.op)))
@@ -369,11 +392,12 @@ def distribute(
 
 def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
               cost: CostModel | None, where: str, then: tuple[Operator, ...] = ()) -> Setup:
-    """The `Setup` of `distribute`'s arguments for `op` (followed by the operators `then`,
-    in a chain, before the output), each checked (`ValueError` or `TypeError` naming
-    what is wrong)."""
+    """The `Setup` of `distribute`'s arguments for `op` (planned as `op.named`; followed by
+    the operators `then`, in a chain, before the output), each checked (`ValueError` or
+    `TypeError` naming what is wrong)."""
     if not isinstance(op, Operator) or getattr(op, "distributed", False):
         raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
+    op = op.named
     check_mesh(mesh, where)
     program(op, op.domain_shape)  # an operator the planner cannot read fails here
     cost = CostModel() if cost is None else cost
@@ -415,7 +439,7 @@ def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh |
                 + (_summing_limit(summable) if summable > 1 else ""))
     elif counts is not None:
         out = ("counts", _check_counts(counts, in_layout, mesh, (op,) + then, shard_weights, where))
-    return Setup(mesh, in_layout, out, cost, shard_weights, where)
+    return Setup(op, mesh, in_layout, out, cost, shard_weights, where)
 
 
 def _steps(op: Operator):

@@ -15,8 +15,6 @@ A leaf says, besides its shapes and dtypes:
 
 from __future__ import annotations
 
-import itertools
-from collections import defaultdict
 from enum import Enum
 
 import jax
@@ -52,14 +50,6 @@ class Role(Enum):
         return {Role.REDUCE: Role.BROADCAST, Role.BROADCAST: Role.REDUCE}.get(self, self)
 
 
-_counters: defaultdict[str, itertools.count] = defaultdict(itertools.count)
-
-
-def fresh_name(prefix: str) -> str:
-    """A parameter name no other leaf of this process has: `Matrix_0`, `Matrix_1`, ..."""
-    return f"{prefix}_{next(_counters[prefix])}"
-
-
 def positive_int(value, what: str, op: str) -> int:
     """`value` as an int >= 1, or a `ValueError` that names the operator."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -92,7 +82,7 @@ class Leaf(Operator):
 
     flow: Flow
     roles: tuple[Role, ...]
-    name: str | None = None
+    name: str | None = None  # None: unnamed, named by the operator it is used in (`Operator.named`)
     param_shape: tuple[int, ...] | None = None
     param_dtype: np.dtype | None = None
     param_axes: tuple[int | None, ...] = ()
@@ -102,10 +92,10 @@ class Leaf(Operator):
         for key, value in fields.items():
             object.__setattr__(self, key, value)
 
-    def _name(self, name: str | None, prefix: str) -> str:
-        if name is None:
-            return fresh_name(prefix)
-        if not isinstance(name, str) or not name:
+    def _name(self, name: str | None, prefix: str) -> str | None:
+        """`name` checked: `None` (an unnamed leaf, named by the operator it is used in:
+        see `parop.params`) or a non-empty str."""
+        if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"{prefix}: name must be a non-empty str, got {name!r}")
         return name
 
@@ -116,7 +106,10 @@ class Leaf(Operator):
         raise NotImplementedError
 
     def weight(self, θ: Params):
-        return None if self.param_shape is None else θ[self.name]
+        """This leaf's weight in `θ` (`None` for a leaf without one), by its name: for
+        an unnamed leaf, the name it has alone (`Matrix_0`; in a larger operator, apply
+        that operator, which names its leaves)."""
+        return None if self.param_shape is None else θ[self.named.name]
 
     def _forward(self, w, x: jax.Array, axis: int) -> jax.Array:
         raise NotImplementedError

@@ -27,6 +27,7 @@ from ..._dtypes import Flow
 from ...algebra import Compose, Kron, Scale, Sum, Transpose
 from ...operator import Operator
 from ...operators import Identity, Leaf, Role
+from ...params import named
 
 FREE, COMPLEX, BARRIER, CONJ = "free", "complex", "barrier", "conj"
 
@@ -124,7 +125,9 @@ def chain(ops, shape: tuple[int, ...], dtype=None) -> Program:
     tensor of `shape` at first) as one `Program`, with a barrier step between two of
     them: every step of one comes before every step of the next (a pointwise function,
     a bias or an activation, runs there). A traced scalar's `Slot` counts the leaves of
-    its own operator."""
+    its own operator. The operators' unnamed leaves are named together
+    (`parop.params.named`): a step's weight is `step.leaf.name`."""
+    ops = named(*ops)
     first = dtype = _dtypes.canonical(ops[0].dtype if dtype is None else dtype)
     sizes, steps = list(shape), []
     for k, op in enumerate(ops):
