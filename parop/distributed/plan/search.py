@@ -321,6 +321,14 @@ class Exits:
             self.over = True
 
 
+def _steps(prog: Program) -> Iterator[Step]:
+    """A program's steps, and its sums' terms' steps."""
+    for step in prog.steps:
+        yield step
+        for term in step.terms:
+            yield from _steps(term)
+
+
 def _add(a: Cost, b: Cost) -> Cost:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
 
@@ -373,6 +381,7 @@ class Search:
         self._exit_goals: dict = {}
         self._exits: dict = {}
         self._rests: dict = {}
+        self._canonical: dict = {}
 
     # -- tables ------------------------------------------------------------------------------
     def intern(self, value) -> Interned:
@@ -491,13 +500,20 @@ class Search:
         kinds = [_structure(p, root.itemsize(before[i]), self.pinned) for i, p in enumerate(progs)]
         summing = [bool(root.psum_steps & root.segments[i]) for i in range(n)]
 
-        def exits(i: int, lay: Interned) -> Exits:
+        # an operator between two others whose weights are not pinned costs the same between two
+        # layouts as between the same layouts with mesh axes of equal size swapped
+        free = [i < n - 1 and not any(s.weighted and s.leaf.name in self.pinned for s in _steps(p))
+                for i, p in enumerate(progs)]
+
+        def exits(i: int, lay: Interned) -> tuple[Exits, dict | None]:
+            """Operator i's exits from `lay`, and the renaming of mesh axes that gives them (None: none)."""
             ends = goal if i == n - 1 else Goal.any()
-            key = (kinds[i], lay, ends)
+            renamed = self.canonical(lay) if free[i] else (lay, None)
+            key = (kinds[i], renamed[0], ends)
             found = self._exits.get(key)
             if found is None:
-                found = self._exits[key] = Exits(self.explore(contexts[i], [lay.value], ends))
-            return found
+                found = self._exits[key] = Exits(self.explore(contexts[i], [renamed[0].value], ends))
+            return found, renamed[1]
 
         start = self.intern(entry)
         best, back = {(0, start): ZERO}, {}
@@ -511,8 +527,11 @@ class Search:
                 if i == n:
                     return self.chain_route(root, progs, (i, lay), back, goal)
                 k = 0
-            elif k < len(exits(i, lay).found):  # the k-th exit of operator i from `lay`
-                step, out = exits(i, lay).found[k]
+            elif k < len(exits(i, lay)[0].found):  # the k-th exit of operator i from `lay`
+                found, names = exits(i, lay)
+                step, out = found.found[k]
+                if names is not None:
+                    out = self.intern(tuple(tuple(names[m] for m in axes) for axes in out.value))
                 total = _add(cost, step)
                 if total < best.get((i + 1, out), INFINITE):
                     best[(i + 1, out)] = total
@@ -525,7 +544,7 @@ class Search:
             # every exit from the k-th on costs at least `least`, and hands over with the mesh axes used
             # now unless the operator can sum one away; and no route from `lay` costs less than `rest`
             ahead = (0.0 if summing[i] else self.rest(root, i + 1, lay, goal), self.rest(root, i, lay, goal))
-            found = exits(i, lay)
+            found = exits(i, lay)[0]
             while True:
                 least = found.least(k)
                 if least is None:
@@ -554,6 +573,23 @@ class Search:
             barrier = () if i == n - 1 else (Local(root.steps[root.segments[i].bit_length() - 1]),)
             cost, actions = _add(cost, step), actions + route + barrier
         return cost, actions
+
+    def canonical(self, lay: Interned) -> tuple[Interned, dict]:
+        """The least of `lay`'s layouts with mesh axes of equal size swapped, and the renaming
+        of mesh axes back to `lay`'s (memoised)."""
+        found = self._canonical.get(lay)
+        if found is None:
+            groups = {}
+            for name, size in self.mesh:
+                groups.setdefault(size, []).append(name)
+            best = None
+            for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
+                names = {a: b for g, order in zip(groups.values(), orders) for a, b in zip(g, order)}
+                candidate = tuple(tuple(names[m] for m in axes) for axes in lay.value)
+                if best is None or candidate < best[0]:
+                    best = (candidate, {b: a for a, b in names.items()})
+            found = self._canonical[lay] = (self.intern(best[0]), best[1])
+        return found
 
     def rest(self, root: Context, i: int, lay: Interned, goal: Goal) -> float:
         """A lower bound on the chain's operators from operator `i` on, from `lay`: each
