@@ -53,6 +53,14 @@ def planning_rows(quick: bool) -> list[dict]:
     if not quick:
         networks.append(("3-D FNO network: batch 2, 32³, width 20, modes 8³, 4 layers",
                          FNO((32, 32, 32), width=20, modes=(8, 8, 8), layers=4), 2, (1, 1, 2, 2, 2), None))
+        # whole chains (issue 20): the layers alike share their exits, so the time should not grow with them
+        for layers in (2, 4, 8):
+            networks.append((f"3-D FNO chain: batch 1, 16³, width 8, modes 4³, {layers} layers",
+                             FNO((16, 16, 16), width=8, modes=(4, 4, 4), layers=layers), 1, (1, 1, 2, 2, 2), 1.0))
+        networks.append(("3-D FNO chain: batch 2, 32³, width 8, modes 4³, 4 layers",
+                         FNO((32, 32, 32), width=8, modes=(4, 4, 4), layers=4), 2, (2, 1, 2, 2, 1), 1.0))
+        networks.append(("4-D FNO chain: batch 1, 8⁴, width 4, modes 4⁴, 1 layer",
+                         FNO((8, 8, 8, 8), width=4, modes=(4, 4, 4, 4), layers=1), 1, (1, 1, 2, 2, 2, 1), 1.0))
     for label, model, batch, partition, limit in networks:
         spec, mesh = _abstract(partition)
         start = time.perf_counter()
