@@ -502,8 +502,7 @@ class Search:
 
         # an operator between two others whose weights are not pinned costs the same between two
         # layouts as between the same layouts with mesh axes of equal size swapped
-        free = [i < n - 1 and not any(s.weighted and s.leaf.name in self.pinned for s in _steps(p))
-                for i, p in enumerate(progs)]
+        free = [i < n - 1 and self.unpinned(p) for i, p in enumerate(progs)]
 
         def exits(i: int, lay: Interned) -> tuple[Exits, dict | None]:
             """Operator i's exits from `lay`, and the renaming of mesh axes that gives them (None: none)."""
@@ -573,6 +572,11 @@ class Search:
             barrier = () if i == n - 1 else (Local(root.steps[root.segments[i].bit_length() - 1]),)
             cost, actions = _add(cost, step), actions + route + barrier
         return cost, actions
+
+    def unpinned(self, prog: Program) -> bool:
+        """Whether none of `prog`'s weights is pinned (then swapping mesh axes of equal size
+        changes no cost)."""
+        return not any(step.weighted and step.leaf.name in self.pinned for step in _steps(prog))
 
     def canonical(self, lay: Interned) -> tuple[Interned, dict]:
         """The least of `lay`'s layouts with mesh axes of equal size swapped, and the renaming
@@ -879,6 +883,9 @@ class Search:
             alike = (_structure(prog, ctx.itemsize(before), self.pinned), used, goal)
             if alike not in self._entry_bounds:
                 entries = layouts(ctx.sizes(before), [(n, s) for n, s in self.mesh if n in used])
+                if goal is Goal.any() and self.unpinned(prog):
+                    # layouts alike up to swapping mesh axes of equal size cost alike: one of each
+                    entries = list(dict.fromkeys(self.canonical(self.intern(e))[0].value for e in entries))
                 search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
                                 pinned=self.pinned)
                 try:
