@@ -437,12 +437,19 @@ class Search:
                 return cost, _fold(_route(back, state))
         raise PlanningError("no plan exists")
 
-    def explore(self, root: Context, entries: list, goal: Goal) -> Iterator[tuple[Cost, tuple, dict, list]]:
+    def explore(self, root: Context, entries: list, goal: Goal, after: bool = False,
+                before: bool = False) -> Iterator[tuple[Cost, tuple, dict, list]]:
         """`(cost, state, back, heap)` of each end state (every step done, in an unpadded
         layout `goal` accepts) as the search pops it, at its least cost (not expanded
         further), and `(None, None, back, heap)` after each state expanded; `back` gives
         the routes and `heap` what is still open: no end state not yet popped costs less
-        than `heap[0][0]`."""
+        than `heap[0][0]`.
+
+        For an operator of a chain: `before` (one follows it), an end state is expanded
+        too, its moves giving more ends; `after` (it follows one), no move to an unpadded
+        layout comes before its first step if none ran at once from the entry. Such a
+        move is the earlier operator's: with nothing run in between, it costs the same
+        there, and the barrier runs where it ends."""
         best, back, heap = {}, {}, []
         tie = itertools.count()
         for entry in entries:
@@ -463,13 +470,17 @@ class Search:
                     accepted[lay] = goal.accepts(lay.value) and not self.node(ctx, done, lay).here.any_padded
                 if accepted[lay]:
                     yield cost, state, back, heap
-                    continue
+                    if not before:
+                        continue
             self.expanded += 1
             if self.expanded > self.max_states:
                 raise PlanningError(
                     f"the planner gave up after {self.max_states} states: the operator is too large to plan "
                     "exhaustively; distribute its parts separately or split fewer axes")
+            held = after and fr is None and done == 0
             for edge, nxt, delta in self.moves(state, *back[state]):
+                if held and isinstance(edge[-1], (AllToAll, Split)) and not self.node(*nxt[1:]).here.any_padded:
+                    continue  # the earlier operator's move (to a padded layout, no barrier could run between)
                 nxt, forced = self.settle(nxt)
                 total = _add(cost, delta)
                 if total < best.get(nxt, INFINITE):
@@ -508,10 +519,10 @@ class Search:
             """Operator i's exits from `lay`, and the renaming of mesh axes that gives them (None: none)."""
             ends = goal if i == n - 1 else Goal.any()
             renamed = self.canonical(lay) if free[i] else (lay, None)
-            key = (kinds[i], renamed[0], ends)
+            key = (kinds[i], renamed[0], ends, i > 0, i < n - 1)
             found = self._exits.get(key)
             if found is None:
-                found = self._exits[key] = Exits(self.explore(contexts[i], [renamed[0].value], ends))
+                found = self._exits[key] = Exits(self.explore(contexts[i], [renamed[0].value], ends, *key[3:]))
             return found, renamed[1]
 
         start = self.intern(entry)
