@@ -376,6 +376,8 @@ class Search:
         self._nodes: dict = {}
         self._lines: dict = {}
         self._frame_bounds: dict = {}
+        self._term_bounds: dict = {}
+        self._term_search: Search | None = None  # one for every term's bound: they share its tables
         self._entry_bounds: dict = {}
         self._later: dict = {}
         self._exit_goals: dict = {}
@@ -438,14 +440,15 @@ class Search:
         raise PlanningError("no plan exists")
 
     def explore(self, root: Context, entries: list, goal: Goal, after: bool = False,
-                before: bool = False) -> Iterator[tuple[Cost, tuple, dict, list]]:
+                before: bool = False, padded: bool = False) -> Iterator[tuple[Cost, tuple, dict, list]]:
         """`(cost, state, back, heap)` of each end state (every step done, in an unpadded
         layout `goal` accepts) as the search pops it, at its least cost (not expanded
         further), and `(None, None, back, heap)` after each state expanded; `back` gives
         the routes and `heap` what is still open: no end state not yet popped costs less
         than `heap[0][0]`.
 
-        For an operator of a chain: `before` (one follows it), an end state is expanded
+        `padded`: an end state may be padded (a sum's term alone). For an operator of a
+        chain: `before` (one follows it), an end state is expanded
         too, its moves giving more ends; `after` (it follows one), no move to an unpadded
         layout comes before its first step if none ran at once from the entry. Such a
         move is the earlier operator's: with nothing run in between, it costs the same
@@ -467,7 +470,7 @@ class Search:
             fr, ctx, done, lay = state
             if fr is None and done == ctx.full:
                 if lay not in accepted:
-                    accepted[lay] = goal.accepts(lay.value) and not self.node(ctx, done, lay).here.any_padded
+                    accepted[lay] = goal.accepts(lay.value) and (padded or not self.node(ctx, done, lay).here.any_padded)
                 if accepted[lay]:
                     yield cost, state, back, heap
                     if not before:
@@ -841,7 +844,7 @@ class Search:
         ends = self.exit_goal(exit_)
         rest = self._frame_bounds.get(fr)
         if rest is None:
-            rest = sum(self.line(self.term(fr.value[-1], t), 0, entry, ends)
+            rest = sum(self.term_bound(self.term(fr.value[-1], t), entry, ends)
                        for t in range(k + 1, len(parent.steps[j].terms)))
             if top and k > 0:  # the program goes on from the known exit
                 rest += self.chain_line(parent, after, exit_, goal)
@@ -853,6 +856,28 @@ class Search:
             return self.line(ctx, done, lay, ends) + rest
         last = top and after == parent.full  # the sum ends the program: its exit is the output
         return self.line(ctx, done, lay, goal if last else None) + rest
+
+    def term_bound(self, term: Context, entry: Interned, ends: Goal | None) -> float:
+        """A lower bound on a sum's term from the sum's entry layout to its exit (`ends`;
+        None: not known yet): `line`, or the least cost of the term alone, a search of its
+        own (memoised; it counts what `line` does not, such as halo exchanges)."""
+        key = (term, entry, ends)
+        found = self._term_bounds.get(key)
+        if found is None:
+            if self._term_search is None:
+                self._term_search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
+                                           pinned=self.pinned)
+            search, least = self._term_search, 0.0
+            try:
+                for cost, state, _, _ in search.explore(search.context(term.prog, term.shape, term.itemsize0),
+                                                        [entry.value], ends or Goal.any(), padded=True):
+                    if state is not None:
+                        least = cost[0]
+                        break
+            except PlanningError:
+                pass
+            found = self._term_bounds[key] = max(self.line(term, 0, entry, ends), least)
+        return found
 
     def chain_line(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
         """`line` for the operator of a chain that runs now (with the goal if it is the
