@@ -499,14 +499,15 @@ class Search:
         programming over the layouts where one operator hands over to the next.
 
         A chain's cost is the sum of its operators' costs, each from the layout it
-        starts in to the one it hands over in (a barrier costs nothing and runs as soon
-        as the last step has run in an unpadded layout; a move after it is the next
-        operator's). So the search runs over `(operator, hand-over layout)`: A* whose
+        starts in to the one it hands over in (a barrier costs nothing and runs in an
+        unpadded layout; a move between two operators is the earlier one's, see
+        `explore`). So the search runs over `(operator, hand-over layout)`: A* whose
         moves are an operator's exits from a layout (`Exits`: every layout it can end
         in, cheapest first, found as needed), with the later operators' least costs
         (`rest`) as its bound. Operators alike but for their weights' names (a network's
-        identical layers) share their exits. The route through each operator is then
-        found again between the two layouts chosen."""
+        identical layers) share their exits, and so do layouts alike up to swapping mesh
+        axes of equal size where that changes no cost. The route through each operator
+        is then found again between the two layouts chosen."""
         n = len(root.segments)
         before = [root.before(i) for i in range(n)]
         progs = [root.prog.segment(i, root.sizes(before[i])) for i in range(n)]
