@@ -431,10 +431,10 @@ class Search:
             if collecting:
                 gc.enable()
 
-    def _run(self, root: Context, entries: list, goal: Goal):
+    def _run(self, root: Context, entries: list, goal: Goal, after: bool = False):
         if not self.exhaustive and len(root.segments) > 1:
             return self.chain(root, entries[0], goal)
-        for cost, state, back, _ in self.explore(root, entries, goal):
+        for cost, state, back, _ in self.explore(root, entries, goal, after):
             if state is not None:
                 return cost, _fold(_route(back, state))
         raise PlanningError("no plan exists")
@@ -583,7 +583,7 @@ class Search:
         for i, prog in enumerate(progs):
             ends = goal if i == n - 1 else Goal.layout(layouts[i + 1].value)
             step, route = self._run(self.context(prog, prog.shape, root.itemsize(root.before(i))),
-                                    [layouts[i].value], ends)
+                                    [layouts[i].value], ends, i > 0)  # as its exits were found
             barrier = () if i == n - 1 else (Local(root.steps[root.segments[i].bit_length() - 1]),)
             cost, actions = _add(cost, step), actions + route + barrier
         return cost, actions
