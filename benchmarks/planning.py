@@ -4,7 +4,9 @@ Each row plans one operator (or, for an FNO network, its whole chain) from scrat
 records the mesh, the states the search expanded and the seconds `po.distribute`
 (or `po.distribute_chain`) took. Mesh shapes of 16 devices are planned on a
 `jax.sharding.AbstractMesh` (planning needs only the mesh's shape). Targets: every
-single operator under 1 s, the Darcy protocol's FNO network on (2, 1, 2, 2) under 2 s.
+single operator under 1 s, the Darcy protocol's FNO network on (2, 1, 2, 2) under 2 s,
+whole FNO chains (issue 20: 1-D to 4-D, with or without `local_kernel`, up to 512
+devices) under 1 s.
 """
 
 from __future__ import annotations
@@ -58,6 +60,20 @@ def planning_rows(quick: bool) -> list[dict]:
     if not quick:
         networks.append(("3-D FNO network: batch 2, 32³, width 20, modes 8³, 4 layers",
                          FNO((32, 32, 32), width=20, modes=(8, 8, 8), layers=4), 2, (1, 1, 2, 2, 2), None))
+        # whole chains (issue 20): the layers alike share their exits, so the time should not grow with them
+        for layers in (2, 4, 8):
+            networks.append((f"3-D FNO chain: batch 1, 16³, width 8, modes 4³, {layers} layers",
+                             FNO((16, 16, 16), width=8, modes=(4, 4, 4), layers=layers), 1, (1, 1, 2, 2, 2), 1.0))
+        networks.append(("3-D FNO chain: batch 2, 32³, width 8, modes 4³, 4 layers",
+                         FNO((32, 32, 32), width=8, modes=(4, 4, 4), layers=4), 2, (2, 1, 2, 2, 1), 1.0))
+        networks.append(("4-D FNO chain: batch 1, 8⁴, width 4, modes 4⁴, 1 layer",
+                         FNO((8, 8, 8, 8), width=4, modes=(4, 4, 4, 4), layers=1), 1, (1, 1, 2, 2, 2, 1), 1.0))
+        networks.append(("3-D FNO chain, local_kernel=3: batch 2, 8³, width 4, modes 4³, 1 layer",
+                         FNO((8, 8, 8), width=4, modes=(4, 4, 4), layers=1, local_kernel=3), 2, (1, 1, 2, 2, 2), 1.0))
+        dfno = FNO((512, 512, 256, 32), width=20, modes=(32, 32, 16, 8), layers=4)  # dfno's chain
+        for partition in [(1, 1, 4, 4, 4, 1), (1, 1, 8, 8, 4, 1), (1, 1, 8, 8, 8, 1)]:
+            networks.append(("4-D FNO chain (dfno's): batch 1, 512²×256×32, width 20, modes (32, 32, 16, 8), 4 layers",
+                             dfno, 1, partition, 1.0))
     for label, model, batch, partition, limit in networks:
         spec, mesh = _abstract(partition)
         start = time.perf_counter()

@@ -279,6 +279,80 @@ class Node:
     sums: tuple[int, ...] = ()  # ready sum steps
 
 
+class Exits:
+    """The layouts one operator of a chain can end in (all its steps run, unpadded), from
+    one entry, cheapest first: an `explore` of it, run on only as far as asked."""
+
+    def __init__(self, ends: Iterator):
+        self.ends = ends
+        self.found: list[tuple[Cost, Interned]] = []  # (cost, layout), cheapest first
+        self.popped: list = []  # (cost, tie, layout) popped but not known to be next
+        self.open: list = []  # the search's heap: no end not popped yet costs less than its top
+        self.over = False  # whether the search has popped every end
+        self.tie = itertools.count()
+
+    def get(self, k: int) -> tuple[Cost, Interned] | None:
+        """The `k`-th cheapest exit `(cost, layout)`, or None if there are fewer."""
+        while len(self.found) <= k and not (self.over and not self.popped):
+            self.step()
+        return self.found[k] if k < len(self.found) else None
+
+    def least(self, k: int) -> Cost | None:
+        """A lower bound on the cost of the `k`-th cheapest exit (its cost once found), or
+        None if there are fewer."""
+        if k < len(self.found):
+            return self.found[k][0]
+        if self.over and not self.popped:
+            return None
+        tops = [self.popped[0][0]] if self.popped else []
+        return min(tops + [self.open[0][0]]) if self.open and not self.over else tops[0] if tops else ZERO
+
+    def step(self) -> None:
+        """Takes the cheapest exit popped if no other can cost less, or searches one state on."""
+        if self.popped and (self.over or not self.open or self.popped[0][0] <= self.open[0][0]):
+            cost, _, lay = heapq.heappop(self.popped)
+            self.found.append((cost, lay))
+            return
+        try:
+            cost, state, _, self.open = next(self.ends)
+            if state is not None:
+                heapq.heappush(self.popped, (cost, next(self.tie), state[3]))
+        except StopIteration:
+            self.over = True
+
+
+def _steps(prog: Program) -> Iterator[Step]:
+    """A program's steps, and its sums' terms' steps."""
+    for step in prog.steps:
+        yield step
+        for term in step.terms:
+            yield from _steps(term)
+
+
+def _add(a: Cost, b: Cost) -> Cost:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+
+
+def _structure(prog: Program, itemsize: int, pinned: Mapping) -> tuple:
+    """What the search sees of a program: its steps, with each leaf's fields but its
+    name (and for a weight, where `pinned` puts it). Two operators of a chain with the
+    same structure (a network's identical layers) cost the same between the same
+    layouts."""
+
+    def leaf(x):
+        if x is None:
+            return None
+        fields = tuple(f for f in x._key() if not (isinstance(f, tuple) and f[:1] == ("name",)))
+        return fields, pinned.get(x.name) if x.param_shape is not None else None
+
+    def steps(p: Program):
+        return p.preds, p.shape, tuple(
+            (s.axes, s.in_sizes, s.out_sizes, s.flow, s.in_dtype, s.out_dtype, leaf(s.leaf), s.scalar, s.conj,
+             s.barrier, tuple(steps(t) for t in s.terms)) for s in p.steps)
+
+    return steps(prog), itemsize
+
+
 # (parent context, its done mask with the sum's bit, sum step index, term, entry layout, exit layout or None)
 Frame = tuple
 
@@ -302,9 +376,14 @@ class Search:
         self._nodes: dict = {}
         self._lines: dict = {}
         self._frame_bounds: dict = {}
+        self._term_bounds: dict = {}
+        self._term_search: Search | None = None  # one for every term's bound: they share its tables
         self._entry_bounds: dict = {}
         self._later: dict = {}
         self._exit_goals: dict = {}
+        self._exits: dict = {}
+        self._rests: dict = {}
+        self._canonical: dict = {}
 
     # -- tables ------------------------------------------------------------------------------
     def intern(self, value) -> Interned:
@@ -352,7 +431,28 @@ class Search:
             if collecting:
                 gc.enable()
 
-    def _run(self, root: Context, entries: list, goal: Goal):
+    def _run(self, root: Context, entries: list, goal: Goal, after: bool = False):
+        if not self.exhaustive and len(root.segments) > 1:
+            return self.chain(root, entries[0], goal)
+        for cost, state, back, _ in self.explore(root, entries, goal, after):
+            if state is not None:
+                return cost, _fold(_route(back, state))
+        raise PlanningError("no plan exists")
+
+    def explore(self, root: Context, entries: list, goal: Goal, after: bool = False,
+                before: bool = False, padded: bool = False) -> Iterator[tuple[Cost, tuple, dict, list]]:
+        """`(cost, state, back, heap)` of each end state (every step done, in an unpadded
+        layout `goal` accepts) as the search pops it, at its least cost (not expanded
+        further), and `(None, None, back, heap)` after each state expanded; `back` gives
+        the routes and `heap` what is still open: no end state not yet popped costs less
+        than `heap[0][0]`.
+
+        `padded`: an end state may be padded (a sum's term alone). For an operator of a
+        chain: `before` (one follows it), an end state is expanded
+        too, its moves giving more ends; `after` (it follows one), no move to an unpadded
+        layout comes before its first step if none ran at once from the entry. Such a
+        move is the earlier operator's: with nothing run in between, it costs the same
+        there, and the barrier runs where it ends."""
         best, back, heap = {}, {}, []
         tie = itertools.count()
         for entry in entries:
@@ -370,23 +470,164 @@ class Search:
             fr, ctx, done, lay = state
             if fr is None and done == ctx.full:
                 if lay not in accepted:
-                    accepted[lay] = goal.accepts(lay.value) and not self.node(ctx, done, lay).here.any_padded
+                    accepted[lay] = goal.accepts(lay.value) and (padded or not self.node(ctx, done, lay).here.any_padded)
                 if accepted[lay]:
-                    return cost, _fold(_route(back, state))
+                    yield cost, state, back, heap
+                    if not before:
+                        continue
             self.expanded += 1
             if self.expanded > self.max_states:
                 raise PlanningError(
                     f"the planner gave up after {self.max_states} states: the operator is too large to plan "
                     "exhaustively; distribute its parts separately or split fewer axes")
+            held = after and fr is None and done == 0
             for edge, nxt, delta in self.moves(state, *back[state]):
+                if held and isinstance(edge[-1], (AllToAll, Split)) and not self.node(*nxt[1:]).here.any_padded:
+                    continue  # the earlier operator's move (to a padded layout, no barrier could run between)
                 nxt, forced = self.settle(nxt)
-                total = (cost[0] + delta[0], cost[1] + delta[1], cost[2] + delta[2], cost[3] + delta[3])
+                total = _add(cost, delta)
                 if total < best.get(nxt, INFINITE):
                     best[nxt] = total
                     back[nxt] = ((state, edge), forced)
                     bound = self.bound(nxt, goal)
                     heapq.heappush(heap, ((total[0] + bound,) + total[1:], next(tie), total, nxt))
+            yield None, None, back, heap
+
+    # -- chains ------------------------------------------------------------------------------
+    def chain(self, root: Context, entry: Layout, goal: Goal):
+        """The cheapest route through a chain (a program with barriers), by dynamic
+        programming over the layouts where one operator hands over to the next.
+
+        A chain's cost is the sum of its operators' costs, each from the layout it
+        starts in to the one it hands over in (a barrier costs nothing and runs in an
+        unpadded layout; a move between two operators is the earlier one's, see
+        `explore`). So the search runs over `(operator, hand-over layout)`: A* whose
+        moves are an operator's exits from a layout (`Exits`: every layout it can end
+        in, cheapest first, found as needed), with the later operators' least costs
+        (`rest`) as its bound. Operators alike but for their weights' names (a network's
+        identical layers) share their exits, and so do layouts alike up to swapping mesh
+        axes of equal size where that changes no cost. The route through each operator
+        is then found again between the two layouts chosen."""
+        n = len(root.segments)
+        before = [root.before(i) for i in range(n)]
+        progs = [root.prog.segment(i, root.sizes(before[i])) for i in range(n)]
+        contexts = [self.context(p, p.shape, root.itemsize(before[i])) for i, p in enumerate(progs)]
+        kinds = [_structure(p, root.itemsize(before[i]), self.pinned) for i, p in enumerate(progs)]
+        summing = [bool(root.psum_steps & root.segments[i]) for i in range(n)]
+
+        # an operator between two others whose weights are not pinned costs the same between two
+        # layouts as between the same layouts with mesh axes of equal size swapped
+        free = [i < n - 1 and self.unpinned(p) for i, p in enumerate(progs)]
+
+        def exits(i: int, lay: Interned) -> tuple[Exits, dict | None]:
+            """Operator i's exits from `lay`, and the renaming of mesh axes that gives them (None: none)."""
+            ends = goal if i == n - 1 else Goal.any()
+            renamed = self.canonical(lay) if free[i] else (lay, None)
+            key = (kinds[i], renamed[0], ends, i > 0, i < n - 1)
+            found = self._exits.get(key)
+            if found is None:
+                found = self._exits[key] = Exits(self.explore(contexts[i], [renamed[0].value], ends, *key[3:]))
+            return found, renamed[1]
+
+        start = self.intern(entry)
+        best, back = {(0, start): ZERO}, {}
+        tie = itertools.count()
+        heap = [((self.rest(root, 0, start, goal),) + ZERO[1:], next(tie), ZERO, 0, start, None)]
+        while heap:
+            _, _, cost, i, lay, k = heapq.heappop(heap)
+            if best[(i, lay)] < cost:
+                continue
+            if k is None:  # operator i starts from `lay`
+                if i == n:
+                    return self.chain_route(root, progs, (i, lay), back, goal)
+                k = 0
+            elif k < len(exits(i, lay)[0].found):  # the k-th exit of operator i from `lay`
+                found, names = exits(i, lay)
+                step, out = found.found[k]
+                if names is not None:
+                    out = self.intern(tuple(tuple(names[m] for m in axes) for axes in out.value))
+                total = _add(cost, step)
+                if total < best.get((i + 1, out), INFINITE):
+                    best[(i + 1, out)] = total
+                    back[(i + 1, out)] = lay
+                    bound = self.rest(root, i + 1, out, goal)
+                    heapq.heappush(heap, ((total[0] + bound,) + total[1:], next(tie), total, i + 1, out, None))
+                if i == n - 1:  # the last operator: its first exit is the one
+                    continue
+                k += 1
+            # every exit from the k-th on costs at least `least`, and hands over with the mesh axes used
+            # now unless the operator can sum one away; and no route from `lay` costs less than `rest`
+            ahead = (0.0 if summing[i] else self.rest(root, i + 1, lay, goal), self.rest(root, i, lay, goal))
+            found = exits(i, lay)[0]
+            while True:
+                least = found.least(k)
+                if least is None:
+                    break
+                total = _add(cost, least)
+                key = (max(total[0] + ahead[0], cost[0] + ahead[1]),) + total[1:]
+                if k < len(found.found) or (heap and heap[0][0] < key):
+                    heapq.heappush(heap, (key, next(tie), cost, i, lay, k))
+                    break
+                found.step()  # still the cheapest item: search on
         raise PlanningError("no plan exists")
+
+    def chain_route(self, root: Context, progs: list, end: tuple, back: dict, goal: Goal):
+        """`(cost, actions)` through the chain's operators, each from the layout it starts
+        in to the one the dynamic programming chose for it, with the barriers between."""
+        n, lay = end
+        layouts = [lay]
+        for i in range(n, 0, -1):
+            layouts.append(back[(i, layouts[-1])])
+        layouts.reverse()
+        cost, actions = ZERO, ()
+        for i, prog in enumerate(progs):
+            ends = goal if i == n - 1 else Goal.layout(layouts[i + 1].value)
+            step, route = self._run(self.context(prog, prog.shape, root.itemsize(root.before(i))),
+                                    [layouts[i].value], ends, i > 0)  # as its exits were found
+            barrier = () if i == n - 1 else (Local(root.steps[root.segments[i].bit_length() - 1]),)
+            cost, actions = _add(cost, step), actions + route + barrier
+        return cost, actions
+
+    def unpinned(self, prog: Program) -> bool:
+        """Whether none of `prog`'s weights is pinned (then swapping mesh axes of equal size
+        changes no cost)."""
+        return not any(step.weighted and step.leaf.name in self.pinned for step in _steps(prog))
+
+    def canonical(self, lay: Interned) -> tuple[Interned, dict]:
+        """The least of `lay`'s layouts with mesh axes of equal size swapped, and the renaming
+        of mesh axes back to `lay`'s (memoised)."""
+        found = self._canonical.get(lay)
+        if found is None:
+            groups = {}
+            for name, size in self.mesh:
+                groups.setdefault(size, []).append(name)
+            best = None
+            for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
+                names = {a: b for g, order in zip(groups.values(), orders) for a, b in zip(g, order)}
+                candidate = tuple(tuple(names[m] for m in axes) for axes in lay.value)
+                if best is None or candidate < best[0]:
+                    best = (candidate, {b: a for a, b in names.items()})
+            found = self._canonical[lay] = (self.intern(best[0]), best[1])
+        return found
+
+    def rest(self, root: Context, i: int, lay: Interned, goal: Goal) -> float:
+        """A lower bound on the chain's operators from operator `i` on, from `lay`: each
+        costs at least its least cost from any layout over the mesh axes `lay` uses
+        (`entry_bound`), where no mesh axis can come or go before it (every mesh axis
+        is in use, and no operator before it can sum one away)."""
+        key = (root, i, lay, goal)
+        total = self._rests.get(key)
+        if total is None:
+            n = len(root.segments)
+            used = frozenset(m for axes in lay.value for m in axes)
+            total = 0.0
+            if not any(size > 1 and name not in used for name, size in self.mesh):
+                for j in range(i, n):
+                    if j > i and root.psum_steps & root.segments[j - 1]:
+                        break
+                    total += self.entry_bound(root, j, used, goal if j == n - 1 else Goal.any())
+            self._rests[key] = total
+        return total
 
     def settle(self, state) -> tuple[tuple, tuple]:
         """`state` after the forced moves, and the actions they took: the forced steps
@@ -604,7 +845,7 @@ class Search:
         ends = self.exit_goal(exit_)
         rest = self._frame_bounds.get(fr)
         if rest is None:
-            rest = sum(self.line(self.term(fr.value[-1], t), 0, entry, ends)
+            rest = sum(self.term_bound(self.term(fr.value[-1], t), entry, ends)
                        for t in range(k + 1, len(parent.steps[j].terms)))
             if top and k > 0:  # the program goes on from the known exit
                 rest += self.chain_line(parent, after, exit_, goal)
@@ -616,6 +857,28 @@ class Search:
             return self.line(ctx, done, lay, ends) + rest
         last = top and after == parent.full  # the sum ends the program: its exit is the output
         return self.line(ctx, done, lay, goal if last else None) + rest
+
+    def term_bound(self, term: Context, entry: Interned, ends: Goal | None) -> float:
+        """A lower bound on a sum's term from the sum's entry layout to its exit (`ends`;
+        None: not known yet): `line`, or the least cost of the term alone, a search of its
+        own (memoised; it counts what `line` does not, such as halo exchanges)."""
+        key = (term, entry, ends)
+        found = self._term_bounds.get(key)
+        if found is None:
+            if self._term_search is None:
+                self._term_search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
+                                           pinned=self.pinned)
+            search, least = self._term_search, 0.0
+            try:
+                for cost, state, _, _ in search.explore(search.context(term.prog, term.shape, term.itemsize0),
+                                                        [entry.value], ends or Goal.any(), padded=True):
+                    if state is not None:
+                        least = cost[0]
+                        break
+            except PlanningError:
+                pass
+            found = self._term_bounds[key] = max(self.line(term, 0, entry, ends), least)
+        return found
 
     def chain_line(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
         """`line` for the operator of a chain that runs now (with the goal if it is the
@@ -648,19 +911,25 @@ class Search:
     def entry_bound(self, ctx: Context, j: int, used: frozenset, goal: Goal) -> float:
         """The least cost of the chain's operator `j` alone, from any unpadded layout that
         splits its input over exactly the mesh axes `used`, to a layout `goal` accepts
-        (memoised; a search of its own, with every such layout an entry)."""
+        (memoised, also by the operator's structure: a network's identical layers share
+        it; a search of its own, with every such layout an entry)."""
         key = (ctx, j, used, goal)
         if key not in self._entry_bounds:
             before = ctx.before(j)
             prog = ctx.prog.segment(j, ctx.sizes(before))
-            entries = layouts(ctx.sizes(before), [(n, s) for n, s in self.mesh if n in used])
-            search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
-                            pinned=self.pinned)
-            try:
-                bound, _ = search.run(prog, entries, goal, ctx.itemsize(before))
-                self._entry_bounds[key] = bound[0]
-            except PlanningError:
-                self._entry_bounds[key] = math.inf
+            alike = (_structure(prog, ctx.itemsize(before), self.pinned), used, goal)
+            if alike not in self._entry_bounds:
+                entries = layouts(ctx.sizes(before), [(n, s) for n, s in self.mesh if n in used])
+                if goal is Goal.any() and self.unpinned(prog):
+                    # layouts alike up to swapping mesh axes of equal size cost alike: one of each
+                    entries = list(dict.fromkeys(self.canonical(self.intern(e))[0].value for e in entries))
+                search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
+                                pinned=self.pinned)
+                try:
+                    self._entry_bounds[alike] = search.run(prog, entries, goal, ctx.itemsize(before))[0][0]
+                except PlanningError:
+                    self._entry_bounds[alike] = math.inf
+            self._entry_bounds[key] = self._entry_bounds[alike]
         return self._entry_bounds[key]
 
     def line(self, ctx: Context, done: int, lay: Interned, goal: Goal | None, scope: int = -1) -> float:
