@@ -82,7 +82,7 @@ def halo_groups(quick: bool, hlo_row) -> list[Group]:
     g.notes.append(f"{problem}: parop's plan: " + "; ".join(line.strip() for line in D.plan.lines()[2:-3]))
 
     def after(g):
-        run, _ = D._program(())
+        run, _ = D.program(())
         hlo_row(problem, "parop", run, (xs, ws), plan=D.plan)
         hlo_row(problem, "hand shard_map + ppermute", hand, (xs, ws))
         hlo_row(problem, "jit(conv_general_dilated) sharded", xla, (xs, ws))

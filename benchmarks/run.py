@@ -311,8 +311,8 @@ def fft_groups(cfg: Config, kind: str, probe: XlaProbe) -> list[Group]:
             cands = [
                 Candidate("parop", lambda D=D, xs=xs: D @ xs),
                 Candidate("hand shard_map", lambda f=hands[None], xs=xs: f(xs), note="yardstick"),
-                Candidate("parop program only", lambda f=D._program(())[0], xs=xs: f(xs),
-                          note="D._program(())[0] called directly: parop's program without `D @`"),
+                Candidate("parop program only", lambda f=D.program(())[0], xs=xs: f(xs),
+                          note="D.program(())[0] called directly: parop's program without `D @`"),
                 Candidate("parop, out auto", lambda D=Da, xs=xs: D @ xs,
                           note=f"out {Da.out_sharding.spec}"),
                 Candidate("hand shard_map, out auto", lambda f=hands["auto"], xs=xs: f(xs)),
@@ -333,8 +333,8 @@ def fft_groups(cfg: Config, kind: str, probe: XlaProbe) -> list[Group]:
                 g.target(f"{case} {problem}: jaxdecomp / parop, out auto", JAXDECOMP, "parop, out auto", ">=", 1.0)
 
             def after(g, D=D, Da=Da, xs=xs, hands=hands, xla=xla, status=status, problem=problem, jd=jd, xj=xj):
-                run, _ = D._program(())
-                runa, _ = Da._program(())
+                run, _ = D.program(())
+                runa, _ = Da.program(())
                 _hlo_row(problem, "parop", run, (xs,), plan=D.plan)
                 _hlo_row(problem, "hand shard_map", hands[None], (xs,))
                 _hlo_row(problem, "parop, out auto", runa, (xs,), plan=Da.plan)
@@ -386,11 +386,11 @@ def mixing_groups(cfg: Config) -> list[Group]:
     parop_grad = jax.jit(jax.grad(lambda θ, x: jnp.sum(jnp.square(D(θ) @ x))))
     y64 = np.einsum("oc,cxyb->oxyb", W64, x64)
 
-    run_b = D._program((b,))[0]
+    run_b = D.program((b,))[0]
     apply = Group("c", problem + ": apply", [
         Candidate("parop", lambda: D(θ) @ xs),
         Candidate("parop program only", lambda: run_b(xs, w),
-                  note="D._program((b,))[0] called directly: parop's program without `D(θ) @`"),
+                  note="D.program((b,))[0] called directly: parop's program without `D(θ) @`"),
         Candidate("hand shard_map einsum", lambda: hand_apply(w_hand, xs), note="yardstick"),
         Candidate("jit(einsum) sharded", lambda: plain_apply(w_hand, xs), note="XLA partitioner"),
     ], lambda: y64, yardstick="hand shard_map einsum", tol=1e-4)
@@ -403,7 +403,7 @@ def mixing_groups(cfg: Config) -> list[Group]:
     grad.target(f"c {problem}: grad, parop / hand", "parop", "hand shard_map einsum", "<=", 1.1)
 
     def after_apply(g):
-        _hlo_row(problem + ": apply", "parop", D._program((b,))[0], (xs, w), plan=D.plan_for((b,)))
+        _hlo_row(problem + ": apply", "parop", D.program((b,))[0], (xs, w), plan=D.plan_for((b,)))
         _hlo_row(problem + ": apply", "hand shard_map einsum", hand_apply, (w_hand, xs))
 
     def after_grad(g):
@@ -459,16 +459,16 @@ def dispatch_groups(cfg: Config) -> list[Group]:
     D = po.distribute(po.kron(po.DFT(n), po.DFT(n), po.DFT(n)), partition)
     x = fft_input("c2c", n, seed=2)
     xs = jax.device_put(x, D.in_sharding)
-    run, _ = D._program(())
+    run, _ = D.program(())
     g = Group("e", f"dispatch: c2c {n}³ {partition}", [
         Candidate("parop D @ x", lambda: D @ xs),
-        Candidate("raw D._program(())[0](x)", lambda: run(xs), note="yardstick"),
-    ], lambda: np.fft.fftn(x), yardstick="raw D._program(())[0](x)", tol=1e-4)
-    g.target(f"e dispatch {n}³ {partition}: parop / raw program", "parop D @ x", "raw D._program(())[0](x)",
+        Candidate("raw D.program(())[0](x)", lambda: run(xs), note="yardstick"),
+    ], lambda: np.fft.fftn(x), yardstick="raw D.program(())[0](x)", tol=1e-4)
+    g.target(f"e dispatch {n}³ {partition}: parop / raw program", "parop D @ x", "raw D.program(())[0](x)",
              "<=", 1.2)
 
     def after(g):
-        a, b = g.results["parop D @ x"].median, g.results["raw D._program(())[0](x)"].median
+        a, b = g.results["parop D @ x"].median, g.results["raw D.program(())[0](x)"].median
         g.extra["overhead_s"] = a - b if a is not None and b is not None else None
         PROFILE_LINES[:] = _profile_apply(D, xs, run)
 
@@ -777,7 +777,7 @@ def report(cfg: Config, info: dict, groups: list[Group], targets: list[Target], 
             "## e. Dispatch overhead",
             "",
             f"`D @ x` costs {dispatch[0].extra['overhead_s'] * 1e6:.0f} µs per call more than calling the jitted "
-            f"program `D._program(())[0]` directly ({dispatch[0].problem}). cProfile of `D @ x` "
+            f"program `D.program(())[0]` directly ({dispatch[0].problem}). cProfile of `D @ x` "
             "(per call; `tottime` of `apply` includes the jitted program's C++ dispatch and the call itself):",
             "",
             *PROFILE_LINES,

@@ -20,7 +20,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ..algebra import conj, times
 from ..operators import dft
 from .layout import layout_of, spec_of, split_sizes
-from .plan import AllToAll, Branch, Gather, Local, Plan, Slot, Split, Visit
+from .plan import AllToAll, Branch, Gather, Local, Plan, Slot, Split, Visit, walk
 
 WeightKey = tuple[str, PartitionSpec]
 
@@ -29,18 +29,11 @@ def weight_specs(plan: Plan) -> list[WeightKey]:
     """`(name, spec)` for each parameter input of the program, in order: the layout of
     the axes each weight runs along where its leaf runs."""
     seen: list[WeightKey] = []
-    for visit in _all(plan.visits):
+    for visit in walk(plan.visits):
         key = _weight_key(visit)
         if key is not None and key not in seen:
             seen.append(key)
     return seen
-
-
-def _all(visits):
-    for visit in visits:
-        yield visit
-        for term in visit.terms:
-            yield from _all(term)
 
 
 def _weight_key(visit: Visit) -> WeightKey | None:

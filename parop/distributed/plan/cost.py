@@ -74,6 +74,9 @@ class CostModel:
         if not isinstance(self.training, bool):
             raise ValueError(f"CostModel: training must be True or False, got {self.training!r}")
 
-    def time(self, collectives) -> float:
-        """The cost of `collectives`, in bytes."""
-        return sum(c.bytes + self.latency_bytes for c in collectives)
+    def price(self, forward, backward) -> tuple[float, float, int]:
+        """`(time in bytes, bytes sent, collectives)` of a program or an action running
+        the collectives `forward` (and, when training, `backward`)."""
+        paid = tuple(forward) + tuple(backward) if self.training else tuple(forward)
+        nbytes = sum(c.bytes for c in paid)
+        return (nbytes + self.latency_bytes * len(paid), nbytes, len(paid))

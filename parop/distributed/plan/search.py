@@ -332,11 +332,8 @@ class Search:
         return self.context(parent.steps[j].terms[k], parent.sizes(before), parent.itemsize(before))
 
     def price(self, action, here: State) -> Cost:
-        fwd, bwd = action.collectives(here)
-        paid = fwd + bwd if self.cost.training else fwd
         held = weight_bytes_held(action, here) if isinstance(action, Local) else 0.0
-        nbytes = sum(c.bytes for c in paid)
-        return (nbytes + self.cost.latency_bytes * len(paid), nbytes, len(paid), held)
+        return self.cost.price(*action.collectives(here)) + (held,)
 
     # -- the search ----------------------------------------------------------------------
     def run(self, prog: Program, entry: Layout, goal: Goal, itemsize: int | None = None):
