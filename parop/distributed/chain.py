@@ -10,7 +10,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ..display import short
 from ..operator import Operator
-from .operator import DistributedOperator, OutPartition, Request, _request, check_splits
+from .operator import DistributedOperator, OutPartition, Request, check_splits, request_of
 from .plan import CostModel, Local, Plan, route
 from .plan.program import chain
 
@@ -61,7 +61,7 @@ def distribute_chain(
         if b.out_dtype(a.range_dtype) is None:
             raise TypeError(f"{where}: operator {k + 1} ({b!r}) does not take the {a.range_dtype} data "
                             f"operator {k} ({a!r}) gives")
-    request = _request(ops[0], partition, out_partition, mesh, shard_weights, cost, where)
+    request = request_of(ops[0], partition, out_partition, mesh, shard_weights, cost, where)
     pinned = request.weights({name: leaf for op in ops for name, leaf in op.parameters.items()}, weights)
     batch_shape = tuple(batch_shape)
     shape = ops[0].domain_shape + batch_shape

@@ -414,7 +414,7 @@ def distribute(
     >>> y = D @ x                 # == np.fft.rfftn(x), sharded as D.out_sharding
     ```
     """
-    request = _request(op, partition, out_partition, mesh, shard_weights, cost, f"distribute({op!r})")
+    request = request_of(op, partition, out_partition, mesh, shard_weights, cost, f"distribute({op!r})")
     batch_shape = request.default_batch(op) if batch_shape is None else tuple(batch_shape)
     return DistributedOperator(op, request, request.plan(op, batch_shape, request.weights(op.parameters, weights)))
 
@@ -440,11 +440,11 @@ def plan(
     True
     ```
     """
-    request = _request(op, partition, out_partition, mesh, shard_weights, cost, f"plan({op!r})")
+    request = request_of(op, partition, out_partition, mesh, shard_weights, cost, f"plan({op!r})")
     return request.plan(op, tuple(batch_shape), request.weights(op.parameters, weights))
 
 
-def _request(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
+def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
              cost: CostModel | None, where: str) -> Request:
     """The `Request` of `distribute`'s arguments for `op`, each checked (`ValueError` or
     `TypeError` naming what is wrong)."""

@@ -60,6 +60,11 @@ def fresh_name(prefix: str) -> str:
     return f"{prefix}_{next(_counters[prefix])}"
 
 
+def dims(shape) -> str:
+    """A shape as a label shows it: `8×4`."""
+    return "×".join(map(str, shape))
+
+
 def positive_int(value, what: str, op: str) -> int:
     """`value` as an int >= 1, or a `ValueError` that names the operator."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -135,6 +140,10 @@ class Leaf(Operator):
         """The leaf that owns the parameter (itself; the wrapped leaf for an adjoint)."""
         return self
 
+    def describe(self) -> str:
+        """How the leaf shows in `repr`, `po.tree` and plans (`DFT(8)`, `Matrix(4×4 'w')`)."""
+        return type(self).__name__
+
 
 class Adjoint(Leaf):
     """The adjoint of a leaf: same parameter, domain and range swapped."""
@@ -176,3 +185,6 @@ class Adjoint(Leaf):
 
     def inverse(self) -> Operator:
         return self.of.inverse().H
+
+    def describe(self) -> str:
+        return f"{self.of.describe()}ᴴ"

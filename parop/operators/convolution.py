@@ -31,7 +31,7 @@ from jax import lax
 
 from .. import _dtypes
 from .._dtypes import Flow
-from .base import Leaf, Role, positive_int
+from .base import Leaf, Role, dims, positive_int
 
 BOUNDARIES = ("periodic", "zero")
 
@@ -239,3 +239,6 @@ class Convolution(Correlation):
         if w.shape[:2] == (1, 1):  # a scalar per tap: shifted slices beat a convolution
             return shift_sum(w[0, 0], x, axis + 1)
         return conv(w, x, axis)
+
+    def describe(self) -> str:
+        return f"Conv({dims(self.param_shape)} {self.name!r}, {self.boundary})"

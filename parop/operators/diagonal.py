@@ -48,3 +48,6 @@ class Diagonal(Leaf):
 
     def _backward(self, w, x, axis):
         return x * along(jnp.conj(w), x, axis)
+
+    def describe(self) -> str:
+        return f"Diagonal({self.n} {self.name!r})"
