@@ -5,7 +5,6 @@ inside `parop/`, each builds into operators, distributes, plans, lowers, shows i
 passes the dot test."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import scipy.fft
 

@@ -494,12 +494,7 @@ def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh 
 
 def _steps(op: Operator):
     """Every step of `op`'s program, a sum's terms' too."""
-    def walk(prog):
-        for step in prog.steps:
-            yield step
-            for term in step.terms:
-                yield from walk(term)
-    return walk(program(op, op.domain_shape))
+    return program(op, op.domain_shape).all_steps()
 
 
 def _check_shardable(op: Operator, mesh: Mesh, where: str) -> None:

@@ -136,10 +136,10 @@ def _no_plan(reason: str, prog: Program, in_layout: Layout, mesh_shape: Mapping[
         return PlanningError(f"{where}: {reason}")
     split = [(a, n, math.prod(mesh_shape[m] for m in axes))
              for a, (n, axes) in enumerate(zip(prog.shape, in_layout)) if axes]
-    needs = sorted({f"axis {a}" for s in _all_steps(prog) for a, r in zip(s.axes, s.roles) if r is Role.LOCAL})
+    needs = sorted({f"axis {a}" for s in prog.all_steps() for a, r in zip(s.axes, s.roles) if r is Role.LOCAL})
     halos = sorted({f"axis {a} of size {n} split in {p} gives blocks of {n // p}, fewer than the halo "
                     f"{leaf.halo[a - s.axes[0] - leaf.grid_offset]} of {leaf!r}"
-                    for s in _all_steps(prog) for a, r in zip(s.axes, s.roles) if r is Role.HALO
+                    for s in prog.all_steps() for a, r in zip(s.axes, s.roles) if r is Role.HALO
                     for leaf in [s.leaf.leaf] for b, n, p in split if b == a
                     and n // p < leaf.halo[a - s.axes[0] - leaf.grid_offset]})
     return PlanningError(
@@ -150,9 +150,3 @@ def _no_plan(reason: str, prog: Program, in_layout: Layout, mesh_shape: Mapping[
         + (f"; {'; '.join(halos)}" if halos else "")
         + " (and the wanted output layout must be reachable without gathering)")
 
-
-def _all_steps(prog: Program):
-    for s in prog.steps:
-        yield s
-        for t in s.terms:
-            yield from _all_steps(t)

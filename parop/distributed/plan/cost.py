@@ -48,6 +48,25 @@ class Collective:
     bytes: float
 
 
+def fmt_bytes(n: float) -> str:
+    """`512 B`, `5.9 KiB`, `1.2 GiB`."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def traffic_text(fwd, bwd, own: str | None = None) -> str:
+    """The collectives of an action, forward and backward, as a plan shows them (those
+    of its own kind, an `all_to_all`'s, by their bytes alone)."""
+    def one(c):
+        return fmt_bytes(c.bytes) if c.kind == own else f"{c.kind} {'+'.join(c.axes)} {fmt_bytes(c.bytes)}"
+
+    parts = [f"{label} " + " + ".join(one(c) for c in cs) for label, cs in (("fwd", fwd), ("bwd", bwd)) if cs]
+    return ("   " + ", ".join(parts)) if parts else ""
+
+
 @dataclass(frozen=True)
 class CostModel:
     """The machine model of `po.distribute(..., cost=...)`.

@@ -18,11 +18,10 @@ from jax.sharding import PartitionSpec
 
 from ... import _dtypes
 from ...operator import Operator
-from ...operators import Role
 from ..layout import Layout, spec_of
 from .actions import Action, AllToAll, Branch, Gather, Local, Split, State
-from .cost import ALL_TO_ALL, KINDS, Collective, CostModel
-from .program import BARRIER, Program, Slot, Step
+from .cost import KINDS, Collective, CostModel, fmt_bytes
+from .program import Program, Slot, Step
 
 
 @dataclass(frozen=True)
@@ -53,10 +52,8 @@ def replay(actions: tuple[Action, ...], state: State) -> tuple[tuple[Visit, ...]
 
 def _after_step(step: Step, state: State) -> State:
     sizes = list(state.sizes)
-    for a, n in zip(step.axes, step.out_sizes):
-        sizes[a] = n
-    itemsize = step.out_dtype.itemsize if step.flow == BARRIER and step.in_dtype != step.out_dtype else state.itemsize
-    return replace(state, sizes=tuple(sizes), itemsize=itemsize)
+    step.resize(sizes)
+    return replace(state, sizes=tuple(sizes), itemsize=step.out_itemsize(state.itemsize))
 
 
 def walk(visits):
@@ -179,7 +176,7 @@ class Plan:
         from ...display import short
 
         states = [v.before for v in self.visits] + [self._replayed[1]]
-        actions = _transpose(self.actions, states)
+        actions = transpose_actions(self.actions, states)
         return Plan(short(operator), self.mesh, self.out_shape, self.shape, self.out_layout, actions,
                     _dtypes.canonical(operator.dtype), self.cost_model, 0)
 
@@ -243,123 +240,27 @@ def _summary(collectives) -> str:
     return f"{kinds}; {fmt_bytes(sum(c.bytes for c in collectives))} sent per device"
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
-
-
-def _traffic(fwd, bwd, own: str | None = None) -> str:
-    """The collectives of an action, forward and backward (those of its own kind, an
-    `all_to_all`'s, by their bytes alone)."""
-    def one(c):
-        return fmt_bytes(c.bytes) if c.kind == own else f"{c.kind} {'+'.join(c.axes)} {fmt_bytes(c.bytes)}"
-
-    parts = [f"{label} " + " + ".join(one(c) for c in cs) for label, cs in (("fwd", fwd), ("bwd", bwd)) if cs]
-    return ("   " + ", ".join(parts)) if parts else ""
-
-
 def _action_lines(visits, indent: str) -> list[str]:
-    from ...display import scalar, short
-
+    """Each action's line (a sum's terms indented below it)."""
     lines = []
     for visit in visits:
-        action, before = visit.action, visit.before
-        fwd, bwd = action.collectives(before)
-        after = spec_of(action.after(before)) if not isinstance(action, Branch) else None
-        if isinstance(action, AllToAll):
-            padding = f", axis {action.dst} padded with {action.pad} zeros" if action.pad else ""
-            cropping = f", axis {action.src} cropped to {action.crop}" if action.crop else ""
-            lines.append(f"{indent}all_to_all {'+'.join(action.axes)}: axis {action.src} -> axis {action.dst}"
-                         f"{padding}{cropping}{_traffic(fwd, bwd, ALL_TO_ALL)}   -> {after}")
-        elif isinstance(action, Split):
-            padding = f", padded with {action.pad} zeros" if action.pad else ""
-            lines.append(f"{indent}split axis {action.dst} over {'+'.join(action.axes)} (local slice{padding})"
-                         f"{_traffic(fwd, bwd)}   -> {after}")
-        elif isinstance(action, Gather):
-            lines.append(f"{indent}all_gather axis {action.src} over {'+'.join(action.axes)}"
-                         f"{_traffic(fwd, bwd)}   -> {after}")
-        elif isinstance(action, Local):
-            step = action.step
-            if step.leaf is not None:
-                what = short(step.leaf)
-            elif step.conj:
-                what = "conjugate"
-            else:
-                c = step.scalar
-                what = f"scale by {'conj(c)' if isinstance(c, Slot) and c.conj else scalar(c)}"
-            where = f" on axis {step.axes[0]}" if len(step.axes) == 1 else f" on axes {step.axes}" if step.axes else ""
-            if action.halo:
-                where += ", halo exchange on axis " + ", ".join(
-                    f"{a} over {'+'.join(before.layout[a])}" for a in action.halo)
-            if action.weight_split is not None:
-                form = "row" if action.psum else "column"
-                axes = "+".join(n for part in action.weight_split for n in part)
-                where += f", {form}-parallel: weight split over {axes}"
-            moved = f"   -> {after}" if after != spec_of(before.layout) else ""
-            lines.append(f"{indent}{what}{where}{_traffic(fwd, bwd)}{moved}")
-        else:
-            lines.append(f"{indent}sum of {len(action.terms)} terms:")
-            for k, term in enumerate(visit.terms):
-                lines.append(f"{indent}  term {k + 1}:")
-                lines += _action_lines(term, indent + "    ")
+        lines.append(indent + visit.action.describe(visit.before))
+        for k, term in enumerate(visit.terms):
+            lines.append(f"{indent}  term {k + 1}:")
+            lines += _action_lines(term, indent + "    ")
     return lines
 
 
-# -- transposition -------------------------------------------------------------------------
-
-def _transpose_step(step: Step) -> Step:
-    scalar = step.scalar
-    if isinstance(scalar, Slot):
-        scalar = scalar.conjugate()
-    elif isinstance(scalar, complex):
-        scalar = scalar.conjugate()
-    return Step(step.axes, step.out_sizes, step.in_sizes, step.flow, step.out_dtype, step.in_dtype,
-                leaf=None if step.leaf is None else step.leaf.H, scalar=scalar, conj=step.conj)
-
-
-def _transpose(actions: tuple[Action, ...], states: list[State]) -> tuple[Action, ...]:
+def transpose_actions(actions: tuple[Action, ...], states: list[State]) -> tuple[Action, ...]:
     """`actions` (with `states[i]` before action i and `states[-1]` after the last)
     transposed and reversed."""
-    out: list[Action] = []
-    for i in reversed(range(len(actions))):
-        action, before, after = actions[i], states[i], states[i + 1]
-        if isinstance(action, Branch):
-            terms = []
-            for term in action.terms:
-                visits, end = replay(term, before)
-                terms.append(_transpose(term, [v.before for v in visits] + [end]))
-            out.append(Branch(_transpose_step(action.step), tuple(terms)))
-        elif isinstance(action, AllToAll):
-            pad = before.blocks[action.src] * before.splits[action.src] - before.sizes[action.src] if action.crop else 0
-            crop = before.sizes[action.dst] if action.pad else 0
-            out.append(AllToAll(action.axes, action.dst, action.src, pad, crop))
-        elif isinstance(action, Split):
-            out.append(Gather(action.axes, action.dst, before.sizes[action.dst] if action.pad else 0))
-        elif isinstance(action, Gather):
-            pad = before.blocks[action.src] * before.splits[action.src] - before.sizes[action.src] if action.crop else 0
-            out.append(Split(action.axes, action.src, pad))
-        else:
-            step = _transpose_step(action.step)
-            ws = action.weight_split
-            if ws is None and action.psum:  # a Reduce's psum: broadcast, then split again
-                a = next(b for b, r in zip(action.step.axes, action.step.roles) if r is Role.REDUCE)
-                out.append(Local(step))
-                out.append(Split(action.psum, a, -before.sizes[a] % before.group(action.psum)))
-            elif ws is None:
-                out.append(Local(step, halo=action.halo))
-            elif action.gather:
-                out.append(Local(step, psum=action.gather, scatter=True, weight_split=ws))
-            elif action.scatter:
-                out.append(Local(step, gather=action.psum, weight_split=ws))
-            elif action.psum:
-                out.append(Local(step, weight_split=ws))
-            else:
-                out_ax, _ = action.step.leaf.dense_axes
-                out.append(Local(step, psum=ws[out_ax], weight_split=ws))
-    return tuple(out)
+    return tuple(a for i in reversed(range(len(actions))) for a in actions[i].transpose(states[i]))
+
+
+def transpose_from(actions: tuple[Action, ...], state: State) -> tuple[Action, ...]:
+    """`actions`, which start from `state`, transposed and reversed (a sum's term)."""
+    visits, end = replay(actions, state)
+    return transpose_actions(actions, [v.before for v in visits] + [end])
 
 
 # -- JSON ----------------------------------------------------------------------------------

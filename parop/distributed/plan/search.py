@@ -28,7 +28,7 @@ from ..layout import Layout
 from .actions import Action, AllToAll, Branch, Local, Split, State, weight_bytes_held
 from .cost import CostModel
 from .goal import Goal
-from .program import BARRIER, Program, Step
+from .program import Program, Step
 
 Cost = tuple[float, float, int, float]  # (time in bytes, bytes sent, collectives, weight bytes held)
 ZERO: Cost = (0.0, 0.0, 0, 0.0)
@@ -120,8 +120,7 @@ class Context:
             sizes = list(self.shape)
             for j, step in enumerate(self.steps):
                 if done >> j & 1:
-                    for a, n in zip(step.axes, step.out_sizes):
-                        sizes[a] = n
+                    step.resize(sizes)
             self._sizes[done] = tuple(sizes)
         return self._sizes[done]
 
@@ -129,8 +128,8 @@ class Context:
         if done not in self._itemsize:
             itemsize = self.itemsize0
             for j, step in enumerate(self.steps):
-                if done >> j & 1 and step.flow == BARRIER and step.in_dtype != step.out_dtype:
-                    itemsize = step.out_dtype.itemsize
+                if done >> j & 1:
+                    itemsize = step.out_itemsize(itemsize)
             self._itemsize[done] = itemsize
         return self._itemsize[done]
 
