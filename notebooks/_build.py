@@ -348,7 +348,7 @@ DISTRIBUTED_FFT = [
     for partition in [(8, 1, 1), (2, 2, 2)]:
         for out in [None, "auto"]:
             D = po.distribute(F3, partition, out_partition=out)
-            run, _ = D._program(())              # the jitted shard_map program (no weights here)
+            run, _ = D.program(())              # the jitted shard_map program (no weights here)
             counts = hlo_collectives(run, x)
             assert counts["all-to-all"] == D.plan.collectives()["all_to_all"] and counts["all-gather"] == 0
             y = D @ x
@@ -539,7 +539,7 @@ WEIGHT_SHARING = [
     x = jax.device_put(rng.standard_normal((8, 100)).astype(np.float32), D.in_sharding)   # one row per device
     y = D @ x
     np.testing.assert_allclose(y, np.asarray(x).sum(0, keepdims=True), rtol=1e-5)
-    run, _ = D._program(())
+    run, _ = D.program(())
     print("y:", y.shape, y.sharding.spec, "  collectives in the HLO:", hlo_collectives(run, x))
     '''),
     md("""

@@ -144,6 +144,11 @@ class Leaf(Operator):
         """How the leaf shows in `repr`, `po.tree` and plans (`DFT(8)`, `Matrix(4×4 'w')`)."""
         return type(self).__name__
 
+    def halo_width(self, axis: int) -> int:
+        """The planes the leaf reads on either side along its axis `axis` (a `Role.HALO`
+        axis: what a halo exchange brings from each neighbour); 0 for other axes."""
+        return 0
+
 
 class Adjoint(Leaf):
     """The adjoint of a leaf: same parameter, domain and range swapped."""
@@ -188,3 +193,6 @@ class Adjoint(Leaf):
 
     def describe(self) -> str:
         return f"{self.of.describe()}ᴴ"
+
+    def halo_width(self, axis: int) -> int:
+        return self.of.halo_width(axis)

@@ -148,6 +148,10 @@ class Correlation(Leaf):
         reads on either side."""
         return tuple(k // 2 for k in self.kernel)
 
+    def halo_width(self, axis: int) -> int:
+        spatial = axis - self.grid_offset
+        return self.halo[spatial] if 0 <= spatial < len(self.halo) else 0
+
     def extend(self, x: jax.Array, axis: int, axes: Iterable[int]) -> jax.Array:
         """`x` with the spatial axes `axes` (0-based among the spatial axes) padded by
         their halo on both sides by the boundary rule: periodic wraps around, zero pads

@@ -138,10 +138,9 @@ def _no_plan(reason: str, prog: Program, in_layout: Layout, mesh_shape: Mapping[
              for a, (n, axes) in enumerate(zip(prog.shape, in_layout)) if axes]
     needs = sorted({f"axis {a}" for s in prog.all_steps() for a, r in zip(s.axes, s.roles) if r is Role.LOCAL})
     halos = sorted({f"axis {a} of size {n} split in {p} gives blocks of {n // p}, fewer than the halo "
-                    f"{leaf.halo[a - s.axes[0] - leaf.grid_offset]} of {leaf!r}"
+                    f"{width} of {s.leaf.leaf!r}"
                     for s in prog.all_steps() for a, r in zip(s.axes, s.roles) if r is Role.HALO
-                    for leaf in [s.leaf.leaf] for b, n, p in split if b == a
-                    and n // p < leaf.halo[a - s.axes[0] - leaf.grid_offset]})
+                    for width in [s.leaf.halo_width(a - s.axes[0])] for b, n, p in split if b == a and n // p < width})
     return PlanningError(
         f"{where}: no plan exists for input shape {prog.shape} split as {spec_of(in_layout)} on mesh "
         f"{dict(mesh_shape)}"

@@ -101,8 +101,7 @@ class Local:
 
     def halo_width(self, a: int) -> int:
         """The planes a halo exchange brings from each neighbour along tensor axis `a`."""
-        leaf = self.step.leaf.leaf
-        return leaf.halo[a - self.step.axes[0] - leaf.grid_offset]
+        return self.step.leaf.halo_width(a - self.step.axes[0])
 
     def after(self, state: State) -> Layout:
         a = self.step.axes[0] if self.step.axes else None
