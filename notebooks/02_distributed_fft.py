@@ -96,7 +96,7 @@ print(f"{'partition':10} {'out':5} {'plan':>5} {'HLO all-to-all':>15} {'all-gath
 for partition in [(8, 1, 1), (2, 2, 2)]:
     for out in [None, "auto"]:
         D = po.distribute(F3, partition, out_partition=out)
-        run, _ = D._program(())              # the jitted shard_map program (no weights here)
+        run, _ = D.program(())              # the jitted shard_map program (no weights here)
         counts = hlo_collectives(run, x)
         assert counts["all-to-all"] == D.plan.collectives()["all_to_all"] and counts["all-gather"] == 0
         y = D @ x

@@ -128,7 +128,7 @@ print(D.plan)
 x = jax.device_put(rng.standard_normal((8, 100)).astype(np.float32), D.in_sharding)   # one row per device
 y = D @ x
 np.testing.assert_allclose(y, np.asarray(x).sum(0, keepdims=True), rtol=1e-5)
-run, _ = D._program(())
+run, _ = D.program(())
 print("y:", y.shape, y.sharding.spec, "  collectives in the HLO:", hlo_collectives(run, x))
 
 # %% [markdown]

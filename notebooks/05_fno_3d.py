@@ -132,7 +132,7 @@ loss = lambda m: lambda θ, a, u: relative_l2(m.apply(θ, a), u)
 def step_memory(m, batch):
     """Per-device bytes of one compiled training step of model m (arguments, outputs, temporaries)."""
     shapes = jax.eval_shape(m.init, jax.random.key(0))   # the weights' shapes, placed as m.init places them
-    where = m.param_shardings(batch) if m.distributed else {}
+    where = m.param_shardings() if m.distributed else {}
     θ_shape = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=where.get(k)) for k, v in shapes.items()}
     a_shape = jax.ShapeDtypeStruct((batch, 1) + m.grid, jnp.float32, sharding=m.in_sharding if m.distributed else None)
     compiled = jax.jit(jax.value_and_grad(loss(m))).lower(θ_shape, a_shape, a_shape).compile()

@@ -14,6 +14,7 @@ from . import checkpoint, testing
 from .algebra import Compose, Kron, Scale, Sum, kron
 from .display import tree
 from .distributed import CostModel, DistributedOperator, Plan, calibrate, distribute, distribute_chain
+from .distributed.operator import plan
 from .operator import Bound, Operator
 from .operators import (
     DFT, Adjoint, Convolution, Diagonal, Identity, InverseDFT, Leaf, Matrix, PerModeMatrix,
@@ -25,6 +26,6 @@ from .testing import to_dense
 __all__ = [
     "Adjoint", "Bound", "Compose", "Convolution", "CostModel", "DFT", "Diagonal", "DistributedOperator",
     "Identity", "InverseDFT", "Kron", "Leaf", "Matrix", "Operator", "PerModeMatrix", "Plan", "Reduce",
-    "Restriction", "Role", "Scale", "Stencil", "Sum", "calibrate", "checkpoint", "distribute", "distribute_chain", "init", "kron", "testing",
+    "Restriction", "Role", "Scale", "Stencil", "Sum", "calibrate", "checkpoint", "distribute", "distribute_chain", "init", "kron", "plan", "testing",
     "to_dense", "tree",
 ]

@@ -9,23 +9,12 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     # jax reads XLA_FLAGS when its backend starts (first use), not at import
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import parop as po
-
-
-def median_time(f, x, repeats: int = 10) -> float:
-    f(x).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f(x).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+from parop.distributed.calibrate import median_time
 
 
 def main() -> None:

@@ -126,7 +126,7 @@ class Kron(Operator):
         return Kron(tuple(f.inverse() for f in self.factors))
 
 
-_kron_schedule = functools.lru_cache(maxsize=None)(schedule)
+_kron_schedule = functools.lru_cache(maxsize=4096)(schedule)  # bounded: one entry per (factors, dtype)
 
 
 class Compose(Operator):

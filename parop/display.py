@@ -7,47 +7,12 @@ import html as _html
 
 from .algebra import Compose, Kron, Scale, Sum, Transpose
 from .operator import Operator
-from .operators import (
-    DFT, Adjoint, Convolution, Diagonal, Identity, InverseDFT, Matrix, PerModeMatrix, Reduce,
-    Restriction, Stencil,
-)
-
-
-def _dims(shape) -> str:
-    return "×".join(map(str, shape))
-
-
-def _name(op) -> str:
-    """` 'w'` for a leaf named `w`, nothing for an unnamed one (its name comes from the
-    operator it is used in: `po.tree` and `A.named` show it)."""
-    return "" if op.name is None else f" {op.name!r}"
+from .operators import Leaf
 
 
 def _leaf(op: Operator) -> str | None:
-    norm = "" if getattr(op, "norm", "backward") == "backward" else f", {op.norm}"
-    if isinstance(op, Identity):
-        return f"I({op.n})"
-    if isinstance(op, DFT):
-        return f"{'r' if op.real else ''}DFT({op.n}{norm})"
-    if isinstance(op, InverseDFT):
-        return f"i{'r' if op.real else ''}DFT({op.n}{norm})"
-    if isinstance(op, (Matrix, PerModeMatrix)):
-        return f"{type(op).__name__}({_dims(op.param_shape)}{_name(op)})"
-    if isinstance(op, Diagonal):
-        return f"Diagonal({op.n}{_name(op)})"
-    if isinstance(op, Convolution):
-        return f"Conv({_dims(op.param_shape)}{_name(op)}, {op.boundary})"
-    if isinstance(op, Stencil):
-        w = op.weights  # a short 1-D stencil shows its weights, others their shape
-        taps = f"[{', '.join(scalar(v.item()) for v in w)}]" if w.ndim == 1 and w.size <= 5 else _dims(w.shape)
-        return f"Stencil({taps}, {op.boundary})"
-    if isinstance(op, Restriction):
-        return f"Restriction({op.n}→{op.range_shape[0]})"
-    if isinstance(op, Reduce):
-        return f"Reduce({op.n})"
-    if isinstance(op, Adjoint):
-        return f"{short(op.of)}ᴴ"
-    return None
+    """A leaf's label (each leaf says how it shows: `Leaf.describe`); None for a combinator."""
+    return op.describe() if isinstance(op, Leaf) else None
 
 
 def short(op: Operator) -> str:

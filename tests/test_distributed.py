@@ -14,7 +14,7 @@ from reference import applied, pairing, random_array, random_params, random_tree
 
 
 def hlo(D, x, *θ):
-    run, specs = D._program(tuple(x.shape[D.ndim:]))
+    run, specs = D.program(tuple(x.shape[D.ndim:]))
     return run.lower(x, *θ).compile().as_text()
 
 
@@ -149,7 +149,7 @@ def test_random_operator_equals_serial(seed):
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
         close(g, r, float(jnp.abs(r).max()))
     assert po.testing.dot_test(D, θ, batch_shape=(8,)) < 1e-10
-    text = hlo(D, x, *(θ[n] for n, _ in D._program((8,))[1]))
+    text = hlo(D, x, *(θ[n] for n, _ in D.program((8,))[1]))
     assert "all-gather(" not in text
 
 
@@ -164,9 +164,9 @@ def test_jit_vmap_linear_transpose_and_caching():
     (t,) = jax.linear_transpose(lambda x: D(θ) @ x, xs[0])(xs[1])
     (ts,) = jax.linear_transpose(lambda x: F(θ) @ x, xs[0])(xs[1])
     np.testing.assert_allclose(np.asarray(t), np.asarray(ts), atol=1e-3)
-    _, specs = D._program(())
+    _, specs = D.program(())
     D(θ) @ xs[0]
-    call = D.setup.calls[False]
+    call = D.programs.calls[False]
     before = call._cache_size()
     D(θ) @ xs[1]
     assert call._cache_size() == before == 1  # the second call neither retraces nor recompiles
@@ -214,7 +214,7 @@ def test_a_split_goes_onto_an_axis_it_does_not_divide_padded_with_zeros(dtype):
     assert collectives(text) == {"all-to-all": 2, "all-gather": 0, "all-reduce": 0, "collective-permute": 0}
     # a sharding must divide the array: the weight is kept whole, and padded and sliced in the program
     placed = po.init(D, jax.random.key(0))["d"]
-    assert placed.sharding.spec == P(None) and D._program(())[1] == [("d", P("d0"))]
+    assert placed.sharding.spec == P(None) and D.program(())[1] == [("d", P("d0"))]
     np.testing.assert_array_equal(np.asarray(placed), np.asarray(po.init(op, jax.random.key(0))["d"]))
 
 

@@ -74,7 +74,7 @@ def test_distributed_fno_equals_serial(grid, modes, partition, batch):
 
 
 def hlo_counts(D) -> dict[str, int]:
-    run, specs = D._program(())
+    run, specs = D.program(())
     x = jnp.zeros(D.domain_shape, D.dtype)
     ws = [jnp.zeros(D.parameters[name].param_shape, D.parameters[name].param_dtype) for name, _ in specs]
     text = run.lower(x, *ws).compile().as_text()

@@ -146,7 +146,7 @@ def test_repeated_calls_are_bit_identical(label):
 # -- memory: no hidden gathers or full-size temporaries -----------------------------------------
 
 def memory(D, batch=()):
-    run, specs = D._program(batch)
+    run, specs = D.program(batch)
     x = jax.ShapeDtypeStruct(D.domain_shape + batch, D.dtype)
     ws = [jax.ShapeDtypeStruct(D.op.parameters[n].param_shape, D.op.parameters[n].param_dtype) for n, _ in specs]
     return run.lower(x, *ws).compile().memory_analysis()

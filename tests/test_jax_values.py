@@ -265,11 +265,11 @@ def test_a_distributed_program_takes_the_scalar_as_an_input():
     ref = np.fft.fft(np.einsum("ik,jk->ji", np.asarray(θ["m"]), x), axis=0)  # DFT on axis 0, M on axis 1
     D = po.distribute(jnp.asarray(2.0) * A, (2, 1))
     close_to(D(θ) @ x, 2.0 * ref)
-    call = D.setup.calls[False]
+    call = D.programs.calls[False]
     compiled = call._cache_size()
     for v in (3.0, -1.5):
         Dv = jax.tree.map(lambda _: jnp.asarray(v), D)
-        assert isinstance(Dv, po.DistributedOperator) and Dv.setup is D.setup
+        assert isinstance(Dv, po.DistributedOperator) and Dv.programs is D.programs
         close_to(Dv(θ) @ x, v * ref)
     assert call._cache_size() == compiled
     traces = []
@@ -305,7 +305,7 @@ def test_distributed_input_like_serial_input():
     op = _spectral_mix()
     θ = random_params(op, 3)
     D = po.distribute(op, (2, 1))
-    assert list(D.setup.plans) == [((), False)]
+    assert not D.programs.kept and D.batch_shape == () and D.plan.shape == (8, 4)
     x = random_array(RNG(10), (8, 4, 3), np.complex128)
     W = np.asarray(θ["w"])
     want = np.fft.fft(np.einsum("ik,jkb->jib", W, x), axis=0)
@@ -314,7 +314,7 @@ def test_distributed_input_like_serial_input():
     assert y.sharding.is_equivalent_to(NamedSharding(D.mesh, P("d0", None, None)), 3)  # batch: replicated
     close_to(D(θ) @ x, want)
     close_to(D(θ) @ x[..., :2], want[..., :2])
-    assert list(D.setup.plans) == [((), False), ((3,), False), ((2,), False)]  # once per batch shape
+    assert list(D.programs.kept) == [((), False), ((3,), False), ((2,), False)]  # once per batch shape
     close_to(D(θ) @ x[..., 0].reshape(32), want[..., 0].reshape(32))  # flat (N,)
     close_to(D(θ) @ x.reshape(32, 3), want.reshape(32, 3))  # flat (N, b)
     dense_d = np.asarray(po.to_dense(D, θ))
@@ -369,13 +369,13 @@ def test_mixing_distributed_and_serial_is_a_type_error_when_built():
 
 def test_repr_never_plans_and_never_raises():
     """For a partition that names a batch axis, `repr`, `str`, the HTML and `po.tree`
-    leave `D.setup.plans` empty; and a `D` with every weight sharded
+    leave `D.programs` empty; and a `D` with every weight sharded
     where no tensor-parallel form fits is refused when it is made."""
     D = po.distribute(po.kron(po.Matrix(4, 4, name="w"), po.Identity(8)), (1, 2, 2))
     shown = [repr(D), str(D), D._repr_html_(), po.tree(D), repr(D.H), repr(D.T), repr(2 * D + D), repr(D(None))]
     assert shown[0] == "distribute(Matrix(4×4 'w') ⊗ I(8), P(None, 'd1', 'd2'))"
     assert repr(D.H) == shown[0] + ".H"
-    assert not D.setup.plans
+    assert not D.programs.kept
     with pytest.raises(ValueError, match="no plan exists with shard_weights=True"):  # said at once
         po.distribute(po.kron(po.Matrix(4, 4, name="q"), po.Identity(8)), (1, 8, 1), shard_weights=True)
 
@@ -473,7 +473,7 @@ def test_distributed_transpose():
     close_to(D.T(θ) @ y, want.reshape(8, 4))
     close_to(D.T(θ) @ y, A.T(θ) @ y)
     assert D.T.T is D and D.T.distributed
-    assert set(D.setup.plans) == {((), False), ((), True)}
+    assert set(D.programs.kept) == {((), False), ((), True)}
     R = po.kron(po.DFT(8, "complex128"), po.DFT(8, "float64"))
     DR = po.distribute(R, (2, 1))
     z = jnp.asarray(random_array(RNG(15), R.range_shape, np.complex128))

@@ -559,7 +559,7 @@ def stage_sizes(op) -> set[int]:
 def check_ffts_are_local(D, batch=()):
     """Every fft of `D`'s program runs inside the shard_map, on whole axes, on a block
     of global size / devices."""
-    run, specs = D._program(batch)
+    run, specs = D.program(batch)
     x = jax.ShapeDtypeStruct(D.domain_shape + batch, D.dtype)
     ws = [jax.ShapeDtypeStruct(D.op.parameters[n].param_shape, D.op.parameters[n].param_dtype) for n, _ in specs]
     devices = D.mesh.devices.size

@@ -1,5 +1,6 @@
 """Distribution: layouts, the planner, the lowering to `shard_map`, and the operator
-users hold."""
+users hold. (`po.plan` is `parop.distributed.operator.plan`: here `plan` names the planner's
+package.)"""
 
 from .calibrate import calibrate
 from .chain import distribute_chain

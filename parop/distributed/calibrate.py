@@ -13,7 +13,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .plan import CostModel
 
 
-def _median_time(f, x, repeats: int) -> float:
+def median_time(f, x, repeats: int = 10) -> float:
+    """The median wall time of `f(x)` over `repeats` awaited calls, after one to warm up."""
     jax.block_until_ready(f(x))
     times = []
     for _ in range(repeats):
@@ -59,12 +60,12 @@ def calibrate(devices: Sequence[jax.Device] | None = None, *, small: int = 1 << 
     for columns in sizes:
         x = jax.device_put(jnp.ones((n, columns), jnp.complex64), NamedSharding(mesh, spec))
         sent = columns * 8 * (n - 1) / n
-        timings[sent] = _median_time(exchange, x, repeats)
+        timings[sent] = median_time(exchange, x, repeats)
     (small_sent, t_small), (large_sent, t_large) = sorted(timings.items())
     per_byte = max((t_large - t_small) / (large_sent - small_sent), 1e-15)
     start_up = max(t_small - per_byte * small_sent, 0.0)
     local = jax.device_put(jnp.ones((large // 8,), jnp.complex64), devices[0])
-    fft_time = _median_time(jax.jit(jnp.fft.fft), local, repeats)
+    fft_time = median_time(jax.jit(jnp.fft.fft), local, repeats)
     measured = {
         "devices": n, "platform": devices[0].platform, "latency_s": start_up,
         "bandwidth_bytes_per_s": 1 / per_byte, "fft_bytes_per_s": large / fft_time,

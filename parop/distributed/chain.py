@@ -4,13 +4,14 @@ to the next minimise the cost of the whole chain."""
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 from jax.sharding import Mesh, PartitionSpec
 
+from ..display import short
 from ..operator import Operator
 from ..params import named
-from .operator import DistributedOperator, OutPartition, Setup, check_splits, placement
+from .operator import DistributedOperator, OutPartition, Request, check_splits, request_of
 from .plan import CostModel, Local, Plan, route
 from .plan.program import chain
 
@@ -24,7 +25,7 @@ def distribute_chain(
     shard_weights: bool | Literal["auto"] = "auto",
     cost: CostModel | None = None,
     batch_shape: tuple[int, ...] = (),
-    pinned: dict | None = None,
+    weights: Mapping[str, PartitionSpec] | None = None,
 ) -> tuple[DistributedOperator, ...]:
     """The operators of a network, `ops[0]` first, each distributed, planned together:
     between two of them a pointwise function of the user's runs on the global array
@@ -35,10 +36,12 @@ def distribute_chain(
     `partition`, `out_partition` (of the last operator's output), `mesh`,
     `shard_weights` and `cost` are those of `po.distribute`; `batch_shape` gives the
     trailing batch axes the partition names, if any. `Ds[k].out_sharding` is
-    `Ds[k + 1].in_sharding`. `pinned` (a dict, updated) fixes where weights live: a
-    network planned again for another batch size keeps its weights in place. The
-    operators are one model: their unnamed leaves are named together, in chain order
-    (`Matrix_0` in the first, `Matrix_1` in the next, ...), so one θ serves them all.
+    `Ds[k + 1].in_sharding`. `weights` (`{name: PartitionSpec}`) fixes where the named
+    weights live: a network planned again for another batch size keeps its weights in
+    place with `weights=` the placements of the first
+    (`{n: s for D in Ds for n, s in D.plan.weight_placements.items()}`). The operators
+    are one model: their unnamed leaves are named together, in chain order (`Matrix_0`
+    in the first, `Matrix_1` in the next, ...), so one θ serves them all.
 
     ```python
     >>> up = po.kron(po.Matrix(64, 8, name="up"), po.DFT(32), po.DFT(32))
@@ -63,31 +66,32 @@ def distribute_chain(
             raise TypeError(f"{where}: operator {k + 1} ({b!r}) does not take the {a.range_dtype} data "
                             f"operator {k} ({a!r}) gives")
     ops = named(*ops)
-    setup = placement(ops[0], partition, out_partition, mesh, shard_weights, cost, where, then=ops[1:])
+    request = request_of(ops[0], partition, out_partition, mesh, shard_weights, cost, where, then=ops[1:])
+    pinned = request.weights({name: leaf for op in ops for name, leaf in op.parameters.items()}, weights)
     batch_shape = tuple(batch_shape)
     shape = ops[0].domain_shape + batch_shape
-    if len(shape) != len(setup.in_layout):
-        raise ValueError(f"{where}: the partition has {len(setup.in_layout)} entries; the input "
+    if len(shape) != len(request.in_layout):
+        raise ValueError(f"{where}: the partition has {len(request.in_layout)} entries; the input "
                          f"{ops[0].domain_shape} with batch_shape {batch_shape} has {len(shape)} axes")
-    mesh = setup.mesh
-    check_splits(shape, setup.in_layout, mesh, where)
+    mesh = request.mesh
+    check_splits(shape, request.in_layout, mesh, where)
     prog = chain(ops, shape)
-    goal = setup.goal(setup.in_layout, ops[-1].range_shape + batch_shape)
-    pinned = {} if pinned is None else pinned
-    actions, expanded = route(prog, setup.in_layout, mesh.shape, goal, setup.cost, where, setup.shard_weights, pinned)
+    goal = request.goal(request.in_layout, ops[-1].range_shape + batch_shape)
+    actions, expanded = route(prog, request.in_layout, mesh.shape, goal, request.cost, where, request.shard_weights,
+                              dict(pinned))
     pieces: list[list] = [[]]
     for action in actions:
         if isinstance(action, Local) and action.step.barrier:
             pieces.append([])
         else:
             pieces[-1].append(action)
-    out, layout, dtype = [], setup.in_layout, prog.dtype
+    out, layout, dtype = [], request.in_layout, prog.dtype
     for k, (op, piece) in enumerate(zip(ops, pieces)):
-        plan = Plan(op, dict(mesh.shape), op.domain_shape + batch_shape, op.range_shape + batch_shape,
-                    layout, tuple(piece), dtype, setup.cost, expanded if k == 0 else 0)
-        link = Setup(op, mesh, layout, ("layout", plan.out_layout), setup.cost, setup.shard_weights,
-                     f"distribute_chain(… {op!r} …)", pinned=pinned)
-        link.keep((batch_shape, False), plan)
-        out.append(DistributedOperator(op, link))
+        plan = Plan(short(op), tuple(mesh.shape.items()), op.domain_shape + batch_shape, op.range_shape + batch_shape,
+                    layout, tuple(piece), dtype, request.cost, expanded if k == 0 else 0)
+        link = Request(mesh, layout, ("layout", plan.out_layout), request.cost, request.shard_weights,
+                       f"distribute_chain(… {op!r} …)")
+        out.append(DistributedOperator(op, link, plan))
         layout, dtype = plan.out_layout, op.out_dtype(dtype)
     return tuple(out)
+

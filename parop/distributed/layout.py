@@ -9,7 +9,6 @@ replicated. It reads as a `PartitionSpec` (`spec_of`).
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import jax
 import numpy as np
@@ -71,10 +70,6 @@ def check_mesh(mesh: Mesh | AbstractMesh | None, where: str) -> None:
 def split_sizes(layout: Layout, mesh_shape) -> tuple[int, ...]:
     """How many pieces each tensor axis is cut into."""
     return tuple(math.prod(mesh_shape[n] for n in axes) for axes in layout)
-
-
-def local_shape(shape: Sequence[int], layout: Layout, mesh_shape) -> tuple[int, ...]:
-    return tuple(n // p for n, p in zip(shape, split_sizes(layout, mesh_shape)))
 
 
 def check_partition(partition, where: str) -> tuple[int, ...]:

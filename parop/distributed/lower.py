@@ -9,6 +9,7 @@ with `c` a JAX array) enter as replicated inputs, so a new value reuses the prog
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -20,7 +21,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ..algebra import conj, times
 from ..operators import dft
 from .layout import layout_of, spec_of, split_sizes
-from .plan import AllToAll, Branch, Gather, Local, Plan, Slot, Split, Visit
+from .plan import AllToAll, Branch, Gather, Local, Plan, Slot, Split, Visit, walk
 
 WeightKey = tuple[str, PartitionSpec]
 
@@ -29,18 +30,11 @@ def weight_specs(plan: Plan) -> list[WeightKey]:
     """`(name, spec)` for each parameter input of the program, in order: the layout of
     the axes each weight runs along where its leaf runs."""
     seen: list[WeightKey] = []
-    for visit in _all(plan.visits):
+    for visit in walk(plan.visits):
         key = _weight_key(visit)
         if key is not None and key not in seen:
             seen.append(key)
     return seen
-
-
-def _all(visits):
-    for visit in visits:
-        yield visit
-        for term in visit.terms:
-            yield from _all(term)
 
 
 def _weight_key(visit: Visit) -> WeightKey | None:
@@ -72,45 +66,50 @@ def _run(visits, x: jax.Array, weights: dict, scalars: tuple, mesh: Mesh) -> jax
     for visit in _fuse_ffts(visits):
         if isinstance(visit, list):
             x = dft.apply_fused(visit, x)
-            continue
-        action = visit.action
-        if isinstance(action, AllToAll):
-            x = _pad(x, action.dst, action.pad)
-            x = _all_to_all(x, _names(action.axes), action.dst, action.src)
-            if action.crop:
-                x = lax.slice_in_dim(x, 0, action.crop, axis=action.src)
-        elif isinstance(action, Split):
-            x = _pad(x, action.dst, action.pad)
-            size = x.shape[action.dst] // visit.before.group(action.axes)
-            x = lax.dynamic_slice_in_dim(x, lax.axis_index(_names(action.axes)) * size, size, axis=action.dst)
-        elif isinstance(action, Gather):
-            # invariant: the gathered axis is whole on every device of `axes`, as the
-            # layout says (shard_map then sees the output replicated there), and its
-            # transpose is the local slice of the `Split` it undoes, not a `psum_scatter`
-            x = lax.all_gather(x, _names(action.axes), axis=action.src, tiled=True, to="invarying")
-            if action.crop:
-                x = lax.slice_in_dim(x, 0, action.crop, axis=action.src)
-        elif isinstance(action, Branch):
-            terms = [_run(term, x, weights, scalars, mesh) for term in visit.terms]
-            x = terms[0]
-            for t in terms[1:]:
-                x = x + t
         else:
-            x = _local(visit, x, weights, scalars)
+            x = run_action(visit.action, visit, x, weights, scalars, mesh)
     return x
 
 
-def _all_to_all(x: jax.Array, names, split: int, concat: int) -> jax.Array:
-    """`lax.all_to_all` between optimisation barriers, in the forward pass and (as the
-    barrier's transpose is a barrier) in the backward pass: XLA:CPU's simplifier splits
-    an all-to-all whose input is partly a broadcast (a `Restriction`'s zero padding in a
-    pullback) into operands of different layouts and fails its own verifier."""
-    x = lax.all_to_all(lax.optimization_barrier(x), names, split_axis=split, concat_axis=concat, tiled=True)
-    return lax.optimization_barrier(x)
+@functools.singledispatch
+def run_action(action, visit: Visit, x: jax.Array, weights: dict, scalars: tuple, mesh: Mesh) -> jax.Array:
+    """Action `action` (from `visit.before`) on each device's block `x`: one registered
+    function per kind of action."""
+    raise TypeError(f"no lowering for the action {action!r}")
 
 
-def _local(visit: Visit, x: jax.Array, weights: dict, scalars: tuple) -> jax.Array:
-    action, step = visit.action, visit.action.step
+@run_action.register
+def _(action: AllToAll, visit, x, weights, scalars, mesh):
+    x = _pad(x, action.dst, action.pad)
+    x = _all_to_all(x, _names(action.axes), action.dst, action.src)
+    return lax.slice_in_dim(x, 0, action.crop, axis=action.src) if action.crop else x
+
+
+@run_action.register
+def _(action: Split, visit, x, weights, scalars, mesh):
+    x = _pad(x, action.dst, action.pad)
+    size = x.shape[action.dst] // visit.before.group(action.axes)
+    return lax.dynamic_slice_in_dim(x, lax.axis_index(_names(action.axes)) * size, size, axis=action.dst)
+
+
+@run_action.register
+def _(action: Gather, visit, x, weights, scalars, mesh):
+    # invariant: the gathered axis is whole on every device of `axes`, as the layout says
+    # (shard_map then sees the output replicated there), and its transpose is the local
+    # slice of the `Split` it undoes, not a `psum_scatter`
+    x = lax.all_gather(x, _names(action.axes), axis=action.src, tiled=True, to="invarying")
+    return lax.slice_in_dim(x, 0, action.crop, axis=action.src) if action.crop else x
+
+
+@run_action.register
+def _(action: Branch, visit, x, weights, scalars, mesh):
+    terms = [_run(term, x, weights, scalars, mesh) for term in visit.terms]
+    return functools.reduce(lambda a, b: a + b, terms)
+
+
+@run_action.register
+def _local(action: Local, visit, x, weights, scalars, mesh) -> jax.Array:
+    step = action.step
     if action.gather:
         x = lax.all_gather(x, _names(action.gather), axis=step.axes[0], tiled=True)
     if step.conj:
@@ -129,6 +128,15 @@ def _local(visit: Visit, x: jax.Array, weights: dict, scalars: tuple) -> jax.Arr
     elif action.psum:
         x = lax.psum(x, _names(action.psum))
     return x
+
+
+def _all_to_all(x: jax.Array, names, split: int, concat: int) -> jax.Array:
+    """`lax.all_to_all` between optimisation barriers, in the forward pass and (as the
+    barrier's transpose is a barrier) in the backward pass: XLA:CPU's simplifier splits
+    an all-to-all whose input is partly a broadcast (a `Restriction`'s zero padding in a
+    pullback) into operands of different layouts and fails its own verifier."""
+    x = lax.all_to_all(lax.optimization_barrier(x), names, split_axis=split, concat_axis=concat, tiled=True)
+    return lax.optimization_barrier(x)
 
 
 def _varying(w: jax.Array, visit: Visit) -> jax.Array:

@@ -7,8 +7,8 @@ import itertools
 import math
 import numbers
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from dataclasses import dataclass
+from typing import Callable, Literal, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -23,11 +23,11 @@ from .layout import (
     split_sizes,
 )
 from .lower import lower, stored_spec
-from .plan import CostModel, Goal, Plan, counts_goal, default_goal, make_plan
+from .plan import CostModel, Goal, Plan, PlanningError, counts_goal, default_goal, make_plan
 from .plan.program import program
 
 OutPartition = None | Literal["auto"] | tuple | PartitionSpec
-PLANS_KEPT = 64  # plans (and programs) each distributed operator keeps, one per input shape
+PROGRAMS_KEPT = 64  # programs (and plans) each distributed operator keeps, one per input shape
 
 
 def _divisors(n: int) -> list[int]:
@@ -57,36 +57,19 @@ def place(value, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-@dataclass(frozen=True, eq=False)
-class Setup:
-    """What a distributed operator is besides its serial operator: the operator its
-    plans are for (`planned`, named: every weight carries its name), the mesh, the
-    input layout of the domain and the batch axes the partition names, the wanted
-    output, the machine model. Its plans and programs are kept here, one per input
-    shape, and shared by `D`, `D.H`, every copy JAX makes of them and `D` used inside
-    a larger operator (a `Setup` is compared by identity: it is their static pytree
-    data). The first plan pins where each weight lives (`pinned`); the plans for other
-    batch shapes keep it there, so `po.init(D)` places every weight once."""
+@dataclass(frozen=True)
+class Request:
+    """What `distribute`'s arguments ask for, checked: the mesh, the input layout of the
+    domain and the batch axes the partition names, the wanted output (`None`, `"auto"`,
+    `("layout", layout)` or `("counts", counts)`), the machine model, how weights may
+    be sharded, and the name errors give."""
 
-    planned: Operator
     mesh: Mesh
     in_layout: Layout
-    out: object  # None, "auto", a Layout, or ("counts", counts)
+    out: object
     cost: CostModel
     shard_weights: bool | str
     where: str
-    plans: OrderedDict = field(default_factory=OrderedDict)
-    pinned: dict = field(default_factory=dict)  # weight name -> its split, fixed by the first plan
-    calls: dict = field(default_factory=dict)  # adjoint or not -> the jitted call
-
-    def keep(self, key, plan: Plan) -> None:
-        """Keep `plan` for input shape `key` (its program is lowered when first run), and
-        pin the weights it places first: every later plan keeps them there."""
-        for name, spec in plan.weight_specs().items():
-            self.pinned.setdefault(name, spec)
-        self.plans[key] = [plan, None]
-        while len(self.plans) > PLANS_KEPT:
-            self.plans.popitem(last=False)
 
     def goal(self, in_layout: Layout, out_shape: tuple[int, ...]) -> Goal:
         """The goal of a plan from `in_layout` (with any unnamed batch axes) to a tensor of
@@ -100,6 +83,75 @@ class Setup:
             return counts_goal(out[1] + (1,) * extra, in_layout, self.mesh.shape)
         return Goal.layout(out[1] + ((),) * extra)
 
+    def n_batch(self, op: Operator) -> int:
+        """The number of trailing batch axes the partition names."""
+        return len(self.in_layout) - op.ndim
+
+    def default_batch(self, op: Operator) -> tuple[int, ...]:
+        """The batch shape `distribute` plans for when given none: none where the
+        partition names no batch axis, else 1024 per device along each."""
+        return tuple(p * 1024 for p in split_sizes(self.in_layout, self.mesh.shape)[op.ndim:])
+
+    def plan(self, op: Operator, batch_shape: tuple[int, ...], weights: Weights = ()) -> Plan:
+        """The plan for `op` on inputs with trailing `batch_shape`, with the weights named
+        in `weights` placed as it says."""
+        batch_shape = tuple(batch_shape)
+        named = self.n_batch(op)
+        if len(batch_shape) < named:
+            raise ValueError(
+                f"{self.where}: the partition names {named} batch axes, but the input of shape "
+                f"{op.domain_shape + batch_shape} has {len(batch_shape)}"
+            )
+        shape = op.domain_shape + batch_shape
+        in_layout = self.in_layout + ((),) * (len(batch_shape) - named)  # unnamed batch axes: replicated
+        check_splits(shape, in_layout, self.mesh, self.where)
+        goal = self.goal(in_layout, op.range_shape + batch_shape)
+        return make_plan(op, shape, in_layout, self.mesh.shape, goal, self.cost, self.where,
+                         self.shard_weights, dict(weights))
+
+    def weights(self, parameters: Mapping[str, Operator], weights) -> Weights:
+        """`weights` (`{name: PartitionSpec}`, as `Plan.weight_placements` gives, or None)
+        as `(name, layout)` pairs for the planner, checked against the weights
+        `parameters` (`{name: leaf}`) and the mesh."""
+        if weights is None:
+            return ()
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"{self.where}: weights must be a dict {{name: PartitionSpec}} (a plan's "
+                            f"weight_placements), got {type(weights).__name__}")
+        out = []
+        for name, spec in weights.items():
+            if name not in parameters:
+                raise ValueError(f"{self.where}: weights names {name!r}, not a weight of the operator "
+                                 f"(its weights: {sorted(parameters)})")
+            if not isinstance(spec, PartitionSpec):
+                raise TypeError(f"{self.where}: weights[{name!r}] must be a PartitionSpec, got {spec!r}")
+            ndim = len(parameters[name].param_shape)
+            out.append((name, layout_of(spec, ndim, self.mesh, f"{self.where}: weights[{name!r}]")))
+        return tuple(sorted(out))
+
+
+Weights = tuple[tuple[str, Layout], ...]  # (weight name, the mesh axes splitting each of its axes)
+
+
+class Programs:
+    """The one mutable part of a distributed operator, shared by `D`, `D.H` and every copy
+    JAX makes of them (compared by identity: it is part of their static pytree data):
+    for each input batch shape and direction, its plan and its lowered program (the
+    `PROGRAMS_KEPT` most recently used), and the jitted call of each direction."""
+
+    def __init__(self):
+        self.kept: OrderedDict = OrderedDict()  # (batch shape, adjoint) -> [plan, program or None]
+        self.calls: dict = {}  # adjoint -> the jitted call
+
+    def entry(self, key, make_plan) -> list:
+        """`[plan, program or None]` for `key`, planned (`make_plan()`) if not kept."""
+        if key not in self.kept:
+            self.kept[key] = [make_plan(), None]
+            while len(self.kept) > PROGRAMS_KEPT:
+                self.kept.popitem(last=False)
+        self.kept.move_to_end(key)
+        return self.kept[key]
+
 
 class DistributedOperator(Operator):
     """An operator run as one `shard_map` program over a device mesh: the same linear
@@ -107,9 +159,13 @@ class DistributedOperator(Operator):
 
     It takes what a serial operator takes: tensors `domain_shape + batch` (trailing batch
     axes the partition does not name are replicated) or flat `(N,)`/`(N, b)` input;
-    `D.H` runs the transpose of `D`'s plan; `D2 @ D1`, `D1 + D2` and `c * D` combine
+    `D.H` runs the transpose of `D`'s plans; `D2 @ D1`, `D1 + D2` and `c * D` combine
     distributed operators (each runs its program, `D1.out_sharding` feeding `D2`);
     `po.kron` of a distributed operator is a `TypeError`.
+
+    `D.plan` is the plan for the batch shape given to `po.distribute` (`batch_shape=`);
+    `D.plan_for(batch_shape)` plans another batch shape (once) with every weight where
+    `D.plan` puts it, so `po.init(D)` places each weight once for all of them.
 
     ```python
     >>> D = po.distribute(po.kron(po.DFT(64), po.DFT(64), po.DFT(64)), partition=(2, 2, 2))
@@ -118,20 +174,24 @@ class DistributedOperator(Operator):
     ```
 
     `op` keeps its unnamed leaves: like any operator, `D` names them as the root it is
-    used in (alone: as `op` does; inside `D2 @ D1`: as the composition does). Its
-    programs take the weights by the names of `setup.planned`, translated
-    (`weight_names`).
+    used in (alone: as `op` does; inside `D2 @ D1`: as the composition does). Its plans
+    are for `planned` (`op.named` when `D` was made) and its programs take the weights
+    by those names, translated (`weight_names`).
     """
 
     distributed = True
 
-    def __init__(self, op: Operator, setup: Setup, adjoint: bool = False):
+    def __init__(self, op: Operator, request: Request, plan: Plan, programs: Programs | None = None,
+                 adjoint: bool = False, planned: Operator | None = None):
         shown = op.H if adjoint else op
         for name in ("domain_shape", "range_shape", "dtype", "range_dtype"):
             object.__setattr__(self, name, getattr(shown, name))
         object.__setattr__(self, "op", op)
-        object.__setattr__(self, "setup", setup)
+        object.__setattr__(self, "request", request)
+        object.__setattr__(self, "forward_plan", plan)  # the plan of `op` for the batch shape given
+        object.__setattr__(self, "programs", Programs() if programs is None else programs)
         object.__setattr__(self, "adjoint", adjoint)
+        object.__setattr__(self, "planned", op.named if planned is None else planned)
 
     # -- the operator interface ----------------------------------------------------------
     def out_dtype(self, dtype):
@@ -144,19 +204,19 @@ class DistributedOperator(Operator):
         return ("op",)
 
     def _key(self) -> tuple:
-        return ("DistributedOperator", self.op._key(), id(self.setup), self.adjoint)
+        return ("DistributedOperator", self.op._key(), id(self.programs), self.adjoint)
 
     @property
     def weight_names(self) -> dict[str, str]:
-        """`{name in the plans: name in θ}`: the names `setup.planned` gives the weights,
-        and the names they have here (where `D` is used inside a larger operator, that
-        operator names `op`'s unnamed leaves)."""
+        """`{name in the plans: name in θ}`: the names `planned` gives the weights, and the
+        names they have here (where `D` is used inside a larger operator, that operator
+        names `op`'s unnamed leaves)."""
 
         def make():
             from ..params import occurrences
 
             here = occurrences(self.op.named)
-            return {a.name: b.name for a, b in zip(occurrences(self.setup.planned), here)}
+            return {a.name: b.name for a, b in zip(occurrences(self.planned), here)}
 
         return self._cache("_weight_names", make)
 
@@ -166,87 +226,64 @@ class DistributedOperator(Operator):
         return self._call({p: θ[n] for p, n in self.weight_names.items()}, x)
 
     def _adjoint(self) -> "DistributedOperator":
-        return DistributedOperator(self.op, self.setup, not self.adjoint)
+        return DistributedOperator(self.op, self.request, self.forward_plan, self.programs, not self.adjoint,
+                                   self.planned)
 
     def describe(self) -> str:
         from ..display import short
 
-        text = f"distribute({short(self.op)}, {spec_of(self.setup.in_layout)})"
+        text = f"distribute({short(self.op)}, {spec_of(self.request.in_layout)})"
         return text + ".H" if self.adjoint else text
 
     @property
     def mesh(self) -> Mesh:
-        return self.setup.mesh
+        return self.request.mesh
 
     @property
     def cost(self) -> CostModel:
-        return self.setup.cost
+        return self.request.cost
 
     # -- layouts and plans ---------------------------------------------------------------
     @property
     def n_batch(self) -> int:
         """The number of trailing batch axes the partition names."""
-        return len(self.setup.in_layout) - self.op.ndim
+        return self.request.n_batch(self.op)
 
-    def plan_for(self, batch_shape: tuple[int, ...] = ()) -> Plan:
-        """The plan for inputs with these trailing batch axes (planned once, kept)."""
-        if (not isinstance(batch_shape, (tuple, list))
-                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in batch_shape)):
-            raise TypeError(f"{self.setup.where}: plan_for takes a tuple of batch sizes (ints), got {batch_shape!r}")
-        if any(n < 1 for n in batch_shape):
-            raise ValueError(f"{self.setup.where}: plan_for: batch sizes must be positive (an empty batch moves "
-                             f"nothing and has no plan), got {tuple(batch_shape)}")
-        return self._compiled(tuple(int(n) for n in batch_shape), program=False)[0]
-
-    def _compiled(self, batch_shape: tuple[int, ...], program: bool = True):
-        """`(plan, (program, weight specs))` for inputs with `batch_shape` (the program
-        lowered on first use, if `program`)."""
-        plans = self.setup.plans
-        key = (batch_shape, self.adjoint)
-        if key not in plans:
-            plan = self._forward_plan(batch_shape)
-            self.setup.keep(key, plan.transpose(self.setup.planned.H) if self.adjoint else plan)
-        plans.move_to_end(key)
-        kept = plans[key]
-        if program and kept[1] is None:
-            if isinstance(self.mesh, AbstractMesh):
-                raise ValueError(f"{self.setup.where}: planned on an AbstractMesh (a mesh shape): "
-                                 "distribute it on a jax.sharding.Mesh of devices to run it")
-            kept[1] = lower(kept[0], self.mesh)
-        return tuple(kept)
-
-    def _forward_plan(self, batch_shape) -> Plan:
-        if self.adjoint:
-            return DistributedOperator(self.op, self.setup)._compiled(batch_shape, program=False)[0]
-        setup = self.setup
-        named = len(setup.in_layout) - self.op.ndim
-        if len(batch_shape) < named:
-            raise ValueError(
-                f"{setup.where}: the partition names {named} batch axes, but the input of shape "
-                f"{self.op.domain_shape + batch_shape} has {len(batch_shape)}"
-            )
-        shape = self.op.domain_shape + batch_shape
-        in_layout = setup.in_layout + ((),) * (len(batch_shape) - named)  # unnamed batch axes: replicated
-        check_splits(shape, in_layout, self.mesh, setup.where)
-        goal = setup.goal(in_layout, self.op.range_shape + batch_shape)
-        return make_plan(setup.planned, shape, in_layout, self.mesh.shape, goal, setup.cost, setup.where,
-                         setup.shard_weights, setup.pinned)
-
-    def _default_batch(self) -> tuple[int, ...]:
-        """The batch shape whose plan `D.plan` and `po.init(D)` use: none where the
-        partition names none, else the last one planned (or, before any call, a large
-        batch that every split divides: 1024 per device)."""
-        if self.n_batch == 0:
-            return ()
-        named = [key[0] for key in self.setup.plans if len(key[0]) == self.n_batch]
-        if named:
-            return named[-1]
-        return tuple(p * 1024 for p in split_sizes(self.setup.in_layout, self.mesh.shape)[self.op.ndim:])
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """The batch shape `D.plan` is planned for."""
+        return self.forward_plan.shape[self.op.ndim:]
 
     @property
     def plan(self) -> Plan:
-        """The plan (for the last batch shape used, where the partition has batch axes)."""
-        return self.plan_for(self._default_batch())
+        """The plan for the batch shape given to `po.distribute` (`D.batch_shape`)."""
+        return self.plan_for(self.batch_shape)
+
+    def plan_for(self, batch_shape: tuple[int, ...] = ()) -> Plan:
+        """The plan for inputs with these trailing batch axes (planned once, kept), with
+        every weight where `D.plan` places it (where no plan can, the cheapest plan: its
+        program then takes the weights where they are and moves them)."""
+        if (not isinstance(batch_shape, (tuple, list))
+                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in batch_shape)):
+            raise TypeError(f"{self.request.where}: plan_for takes a tuple of batch sizes (ints), got {batch_shape!r}")
+        if any(n < 1 for n in batch_shape):
+            raise ValueError(f"{self.request.where}: plan_for: batch sizes must be positive (an empty batch moves "
+                             f"nothing and has no plan), got {tuple(batch_shape)}")
+        return self._entry(tuple(int(n) for n in batch_shape))[0]
+
+    def _entry(self, batch_shape: tuple[int, ...]) -> list:
+        return self.programs.entry((batch_shape, self.adjoint), lambda: self._planned(batch_shape))
+
+    def _planned(self, batch_shape: tuple[int, ...]) -> Plan:
+        if self.adjoint:
+            return self.H.plan_for(batch_shape).transpose(self.planned.H)
+        if batch_shape == self.batch_shape:
+            return self.forward_plan
+        weights = tuple(sorted(self.forward_plan.weight_layouts.items()))
+        try:
+            return self.request.plan(self.planned, batch_shape, weights)
+        except PlanningError:  # no plan keeps the weights in place for this batch: they move in the program
+            return self.request.plan(self.planned, batch_shape)
 
     @property
     def in_sharding(self) -> NamedSharding:
@@ -261,17 +298,25 @@ class DistributedOperator(Operator):
         (where it is first used), replicated where its operator needs it whole
         (or where its split is uneven: see `stored_spec`)."""
         out: dict[str, NamedSharding] = {}
-        for planned, layout in self.plan.weight_specs().items():
+        for planned, spec in self.forward_plan.weight_placements.items():
             name = self.weight_names[planned]
             shape = self.parameters[name].param_shape
-            out.setdefault(name, NamedSharding(self.mesh, stored_spec(spec_of(layout), shape, self.mesh)))
+            out[name] = NamedSharding(self.mesh, stored_spec(spec, shape, self.mesh))
         for name in self.parameters:
             out.setdefault(name, NamedSharding(self.mesh, PartitionSpec()))
         return out
 
-    def _program(self, batch_shape):
-        """`(jitted program, weight specs)` for inputs with these batch axes."""
-        return self._compiled(tuple(batch_shape))[1]
+    def program(self, batch_shape: tuple[int, ...] = ()) -> tuple[Callable, list]:
+        """`(run, weight specs)`: the jitted program `run(x, *weights, scalars=())` for inputs
+        with these batch axes (lowered once, kept), `weights` in the order of the
+        `(name, PartitionSpec)` list."""
+        kept = self._entry(tuple(batch_shape))
+        if kept[1] is None:
+            if isinstance(self.mesh, AbstractMesh):
+                raise ValueError(f"{self.request.where}: planned on an AbstractMesh (a mesh shape): "
+                                 "distribute it on a jax.sharding.Mesh of devices to run it")
+            kept[1] = lower(kept[0], self.mesh)
+        return kept[1]
 
     # -- application ---------------------------------------------------------------------
     def apply(self, θ: Params | None, x) -> jax.Array:
@@ -298,19 +343,32 @@ class DistributedOperator(Operator):
         return jax.device_put(value, sharding())
 
     def _call(self, θ, x):
-        """`A(θ) @ x` under `jax.jit`, `θ` by the names of `setup.planned`: the checks and
-        the flat/tensor handling run when it traces, so a call costs what the jitted
-        program's dispatch costs. One jitted function per `Setup` (and direction) closes
-        over the planned operator's structure; the operator's traced scalars are its
-        arguments."""
-        call = self.setup.calls.get(self.adjoint)
+        """`A(θ) @ x` under `jax.jit`: the checks and the flat/tensor handling run when it
+        traces, so a call costs what the jitted program's dispatch costs; `θ` is by the
+        names of `planned`. The plan and
+        program of `x`'s batch shape are made here, before the trace. One jitted function
+        per direction (shared by every copy of `D`) closes over the operator's structure;
+        the operator's traced scalars are its arguments."""
+        batch = self._batch_of(x)
+        if batch is not None:
+            self.program(batch)
+        call = self.programs.calls.get(self.adjoint)
         if call is None:
-            planned = DistributedOperator(self.setup.planned, self.setup, self.adjoint)
-            call = self.setup.calls[self.adjoint] = jax.jit(functools.partial(_call, planned))
+            planned = DistributedOperator(self.planned, self.request, self.forward_plan, self.programs, self.adjoint)
+            call = self.programs.calls[self.adjoint] = jax.jit(functools.partial(_call, planned))
         replicated = NamedSharding(self.mesh, PartitionSpec())
         x = self._onto_mesh(x, lambda: self._input_sharding(x))
         scalars = self.op._cache("_scalars", lambda: tuple(jax.tree.leaves(self.op)))
         return call(θ, x, [self._onto_mesh(c, lambda: replicated) for c in scalars])
+
+    def _batch_of(self, x) -> tuple[int, ...] | None:
+        """The batch shape of input `x` (None where it fits neither the tensor nor the flat
+        form: the traced checks then say why)."""
+        if x.shape[:self.ndim] == self.domain_shape:
+            return tuple(x.shape[self.ndim:])
+        if x.ndim in (1, 2) and x.shape[0] == self.domain_size:
+            return tuple(x.shape[1:])
+        return None
 
     def _input_sharding(self, x) -> NamedSharding:
         """Where the program wants `x`: its plan's input layout (replicated for flat input)."""
@@ -324,7 +382,7 @@ def _call(D: DistributedOperator, θ, x, scalars):
     x, unflatten = _as_tensor(D, x)
     x = _as_input_dtype(D, x)
     check_params(D, θ)
-    run, specs = D._program(tuple(x.shape[D.ndim:]))
+    run, specs = D.program(tuple(x.shape[D.ndim:]))
     return unflatten(run(x, *(θ[name] for name, _ in specs), scalars=tuple(scalars)))
 
 
@@ -334,7 +392,7 @@ def _(op: DistributedOperator, key: jax.Array) -> dict[str, jax.Array]:
     its output sharding, so every device computes only its own shard (the same values
     as `po.init` of the serial operator)."""
     if isinstance(op.mesh, AbstractMesh):
-        raise ValueError(f"po.init({op.setup.where}): planned on an AbstractMesh (a mesh shape), which has no "
+        raise ValueError(f"po.init({op.request.where}): planned on an AbstractMesh (a mesh shape), which has no "
                          "devices to hold the weights: distribute it on a jax.sharding.Mesh of devices to initialise it")
     shardings = op.param_shardings()
     return {name: _drawn(leaf, shardings[name])(name_key(key, name))
@@ -353,8 +411,11 @@ def distribute(
     mesh: Mesh | None = None,
     shard_weights: bool | Literal["auto"] = "auto",
     cost: CostModel | None = None,
+    batch_shape: tuple[int, ...] | None = None,
+    weights: Mapping[str, PartitionSpec] | None = None,
 ) -> DistributedOperator:
-    """`op` as one `shard_map` program over a device mesh: the same linear map.
+    """`op` as one `shard_map` program over a device mesh: the same linear map. Planning
+    (`po.plan`, here) plus lowering (at the first call of each batch shape).
 
     - `partition`: one positive int per input axis (domain axes, then any trailing batch
       axes): how many pieces each is split in, on a mesh over the first
@@ -376,6 +437,11 @@ def distribute(
     - `cost`: the machine model (`po.CostModel`): what a collective's start-up is worth,
       and whether to plan for training (forward + backward, the default) or inference.
       It goes with `D`, `D.H` and every batch shape's plan of `D`.
+    - `batch_shape`: the trailing batch axes `D.plan` is planned for (by default none, or
+      1024 per device along each batch axis the partition names); other batch shapes are
+      planned at their first call, with the weights where `D.plan` places them.
+    - `weights`: `{name: PartitionSpec}` (a plan's `weight_placements`): where the named
+      weights must be; the planner places the others.
 
     ```python
     >>> F = po.kron(po.DFT(30), po.DFT(20), po.DFT(10, dtype=jnp.float32))
@@ -383,21 +449,45 @@ def distribute(
     >>> y = D @ x                 # == np.fft.rfftn(x), sharded as D.out_sharding
     ```
     """
-    setup = placement(op, partition, out_partition, mesh, shard_weights, cost, f"distribute({op!r})")
-    D = DistributedOperator(op, setup)
-    if D.n_batch == 0:
-        D.plan_for(())  # plan now, so that bad input fails here and not at the first call
-    return D
+    request = request_of(op, partition, out_partition, mesh, shard_weights, cost, f"distribute({op!r})")
+    batch_shape = request.default_batch(op) if batch_shape is None else tuple(batch_shape)
+    planned = op.named
+    return DistributedOperator(op, request, request.plan(planned, batch_shape, request.weights(op.parameters, weights)),
+                               planned=planned)
 
 
-def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
-              cost: CostModel | None, where: str, then: tuple[Operator, ...] = ()) -> Setup:
-    """The `Setup` of `distribute`'s arguments for `op` (planned as `op.named`; followed by
-    the operators `then`, in a chain, before the output), each checked (`ValueError` or
-    `TypeError` naming what is wrong)."""
+def plan(
+    op: Operator,
+    partition: tuple[int, ...] | PartitionSpec,
+    *,
+    mesh: Mesh | None = None,
+    out_partition: OutPartition = None,
+    cost: CostModel | None = None,
+    shard_weights: bool | Literal["auto"] = "auto",
+    batch_shape: tuple[int, ...] = (),
+    weights: Mapping[str, PartitionSpec] | None = None,
+) -> Plan:
+    """The plan `po.distribute` would run for `op` on inputs with trailing `batch_shape`
+    (the arguments are `po.distribute`'s): a value, equal for equal arguments, that
+    `po.distribute` lowers.
+
+    ```python
+    >>> p = po.plan(po.kron(po.DFT(8), po.DFT(8)), (2, 1))
+    >>> p == po.distribute(po.kron(po.DFT(8), po.DFT(8)), (2, 1)).plan
+    True
+    ```
+    """
+    request = request_of(op, partition, out_partition, mesh, shard_weights, cost, f"plan({op!r})")
+    return request.plan(op.named, tuple(batch_shape), request.weights(op.parameters, weights))
+
+
+def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
+               cost: CostModel | None, where: str, then: tuple[Operator, ...] = ()) -> Request:
+    """The `Request` of `distribute`'s arguments for `op` (followed by the operators `then`,
+    in a chain, before the output), each checked (`ValueError` or `TypeError` naming what
+    is wrong)."""
     if not isinstance(op, Operator) or getattr(op, "distributed", False):
         raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
-    op = op.named
     check_mesh(mesh, where)
     program(op, op.domain_shape)  # an operator the planner cannot read fails here
     cost = CostModel() if cost is None else cost
@@ -439,17 +529,12 @@ def placement(op: Operator, partition, out_partition: OutPartition, mesh: Mesh |
                 + (_summing_limit(summable) if summable > 1 else ""))
     elif counts is not None:
         out = ("counts", _check_counts(counts, in_layout, mesh, (op,) + then, shard_weights, where))
-    return Setup(op, mesh, in_layout, out, cost, shard_weights, where)
+    return Request(mesh, in_layout, out, cost, shard_weights, where)
 
 
 def _steps(op: Operator):
     """Every step of `op`'s program, a sum's terms' too."""
-    def walk(prog):
-        for step in prog.steps:
-            yield step
-            for term in step.terms:
-                yield from walk(term)
-    return walk(program(op, op.domain_shape))
+    return program(op, op.domain_shape).all_steps()
 
 
 def _check_shardable(op: Operator, mesh: Mesh, where: str) -> None:

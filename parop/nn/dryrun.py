@@ -152,7 +152,9 @@ def partition_of(model) -> tuple[int, ...]:
     if not model.distributed:
         return (1,) * (2 + len(model.grid))
     mesh = model.mesh.shape
-    return tuple(math.prod(mesh[n] for n in axes) for axes in model.setup.in_layout)
+    spec = tuple(model.in_sharding.spec) + (None,) * (2 + len(model.grid) - len(model.in_sharding.spec))
+    names = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
+    return tuple(math.prod(mesh[n] for n in axes) for axes in names)
 
 
 def planned_traffic(model, ops) -> tuple[dict[str, int], float, int]:

@@ -10,7 +10,7 @@ ones that minimise the cost of a training step.
 
 The model has no batch size: its operators are built for each batch size it meets
 (a leading `Identity(batch)` factor) and kept, and a distributed model plans each batch
-size once.
+size once, every weight where the plan of its reference batch size puts it.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .. import _dtypes
 from ..algebra import kron
 from ..distributed import CostModel, DistributedOperator, distribute, distribute_chain
-from ..distributed.layout import spec_of
-from ..distributed.operator import placement
 from ..operator import Operator
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
 from ..params import name_key
@@ -268,8 +266,10 @@ class FNO:
         """The same network over a device mesh, the input split as `partition` over
         `(batch, channel, *grid)`: data parallel (the batch split), model parallel (grid
         axes split) or both. For each batch size it meets, the whole network is planned
-        at once (`po.distribute_chain`), once; the first plan fixes where the weights
-        live. The 1x1 convolutions keep their (small, `width²`) weights whole
+        at once (`po.distribute_chain`), once, with the weights where the plan of the
+        reference batch size `batch` (by default one sample per device along the batch
+        split; planned here) places them (`dist.weights`, passed to each plan as
+        `weights=`): give the batch size you train with. The 1x1 convolutions keep their (small, `width²`) weights whole
         (`shard_weights=False`): the spectral weights, split with their modes, are the
         ones that matter, and no row-parallel `psum` can then trade the model's
         parallelism for fewer bytes moved, which also keeps the plan quick to find.
@@ -277,13 +277,14 @@ class FNO:
         Or `devices=N, batch=B` (not both a partition and devices): parop chooses the
         partition (`dist.partition` says which), the cheapest planned training step on
         `B` samples over `N` devices whose compiled step needs at most `memory_limit`
-        bytes per device (`parop.nn.dry_run`); a `ValueError` where none fits.
+        bytes per device (`parop.nn.dry_run`); a `ValueError` where none fits. `B` is
+        then the reference batch size.
 
         ```python
         >>> dist = model.distribute(devices=8, batch=4, memory_limit=16e9)
         >>> dist.partition                            # e.g. (1, 1, 2, 4)
         ```"""
-        if devices is not None or batch is not None or memory_limit is not None:
+        if devices is not None or memory_limit is not None:
             if partition is not None or mesh is not None:
                 raise ValueError("FNO.distribute: give a partition (and mesh), or devices=N and batch=B for parop "
                                  f"to choose one, not both (got partition={partition!r}, devices={devices!r})")
@@ -295,7 +296,7 @@ class FNO:
             return choose(self, devices, batch, memory_limit, cost)
         if partition is None:
             raise ValueError("FNO.distribute: give a partition of (batch, channel, *grid), or devices=N and batch=B")
-        return self._rebuild(DistributedFNO, partition=partition, mesh=mesh, cost=cost)
+        return self._rebuild(DistributedFNO, partition=partition, mesh=mesh, cost=cost, batch=batch)
 
     @property
     def distributed(self) -> bool:
@@ -326,7 +327,7 @@ def projection_in_blocks(model: FNO, θ: Params, h: jax.Array) -> jax.Array:
     return jnp.moveaxis(out, 0, cut).reshape((b, model.out_channels) + grid)
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=16)  # bounded: one compiled initialiser per (shapes, placements) of recent models
 def _initializer(draws: tuple[tuple, ...], places: tuple[tuple[str, NamedSharding], ...]):
     """The jitted `key -> {name: value}` of `FNO._draws`, each value placed as `places` says."""
 
@@ -349,35 +350,49 @@ def _names(entry) -> tuple[str, ...]:
 class DistributedFNO(FNO):
     """An `FNO` whose operators run distributed (made by `FNO.distribute`)."""
 
-    def __init__(self, grid, *, partition, mesh: Mesh | None = None, cost: CostModel | None = None, **kwargs):
+    def __init__(self, grid, *, partition, mesh: Mesh | None = None, cost: CostModel | None = None,
+                 batch: int | None = None, **kwargs):
         super().__init__(grid, **kwargs)
         if isinstance(partition, PartitionSpec):
             split = math.prod(mesh.shape[n] for n in _names(partition[0])) if mesh is not None and len(partition) else 1
         else:
             split = partition[0] if isinstance(partition, (tuple, list)) and partition else 1
-        first = FNO._build(self, split if isinstance(split, int) and split > 0 else 1)[0]  # on (batch, channel, *grid)
-        self.setup = placement(first, partition, None, mesh, False, cost, "FNO.distribute")
+        split = split if isinstance(split, int) and split > 0 else 1
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1 or batch % split):
+            raise ValueError(f"FNO.distribute: batch must be a positive multiple of {split} (the partition's batch "
+                             f"entry), got {batch!r}")
         self.partition = partition
-        self._sample_batch = math.prod(self.setup.mesh.shape[n] for n in self.setup.in_layout[0])
-        self._pinned: dict = {}  # where the weights live: fixed by the first batch size planned
+        self._sample_batch = split
+        self.reference_batch = split if batch is None else batch
+        # The reference batch, planned now: its weight placements (a value) are where every
+        # other batch size's plan keeps them.
+        reference = self._chain(self.reference_batch, partition, mesh, cost, None)
+        self._operators[self.reference_batch] = reference
+        self.weights = {name: spec for D in reference for name, spec in D.plan.weight_placements.items()}
         self._moves: dict = {}  # the remat projection's repartitions, one per batch size
+
+    def _chain(self, b: int, partition, mesh, cost, weights) -> list[DistributedOperator]:
+        """The network for `b` samples, planned as a whole with the weights named in
+        `weights` placed as it says."""
+        return list(distribute_chain(FNO._build(self, b), partition, mesh=mesh, shard_weights=False, cost=cost,
+                                     weights=weights))
 
     @property
     def mesh(self) -> Mesh:
-        return self.setup.mesh
+        return self._operators[self.reference_batch][0].mesh
 
     @property
     def in_sharding(self) -> NamedSharding:
         """Where the model wants its input `a` (and the targets, for the loss)."""
-        return NamedSharding(self.mesh, spec_of(self.setup.in_layout))
+        return self._operators[self.reference_batch][0].in_sharding
 
     def _build(self, b: int) -> list[DistributedOperator]:
         split = self._sample_batch
         if b % split:
             raise ValueError(f"FNO.distribute: a batch of {b} samples cannot be split in {split} (the partition's "
                              f"batch entry): use a multiple of {split}")
-        return list(distribute_chain(super()._build(b), spec_of(self.setup.in_layout), mesh=self.mesh,
-                                     shard_weights=False, cost=self.setup.cost, pinned=self._pinned))
+        first = self._operators[self.reference_batch][0]
+        return self._chain(b, first.in_sharding.spec, first.mesh, first.cost, self.weights)
 
     def _blocked_projection(self, θ: Params, h: jax.Array) -> jax.Array:
         """The remat projection on each device's block, in the layout where the planned
@@ -410,13 +425,13 @@ class DistributedFNO(FNO):
         key = (batch, start, end)
         if key not in self._moves:
             identity = kron(*(Identity(n) for n in ops[-1].range_shape))
-            self._moves[key] = distribute(identity, start, mesh=self.mesh, out_partition=end, cost=self.setup.cost)
+            self._moves[key] = distribute(identity, start, mesh=self.mesh, out_partition=end, cost=ops[0].cost)
         return self._moves[key]
 
-    def param_shardings(self, batch: int | None = None) -> dict[str, NamedSharding]:
-        """Where each parameter lives (for inputs of `batch` samples: by default the last
-        batch size used, else one sample per device along the batch split)."""
-        ops = self.operators(batch or next(reversed(self._operators), self._sample_batch))
+    def param_shardings(self) -> dict[str, NamedSharding]:
+        """Where each parameter lives: where the plan of the reference batch size places
+        it, for every batch size."""
+        ops = self._operators[self.reference_batch]
         shardings: dict[str, NamedSharding] = {}
         for op in ops:
             shardings.update(op.param_shardings())

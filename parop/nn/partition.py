@@ -80,7 +80,7 @@ def ranked(model, devices: int, batch: int, cost=None) -> list[Candidate]:
     out = []
     for partition in candidates(model, devices, batch):
         try:
-            ops = copy.distribute(partition, cost=cost).operators(batch)
+            ops = copy.distribute(partition, cost=cost, batch=batch).operators(batch)
         except ValueError as e:
             out.append(Candidate(partition, None, None, _reason(e)))
             continue
@@ -102,9 +102,8 @@ def choose(model, devices: int, batch: int, memory_limit: float | None = None, c
         if c.cost is None:
             tried.append(f"{c.partition}: {c.error}")
             continue
-        dist = model.distribute(c.partition, cost=cost)
         try:
-            dist.operators(batch)
+            dist = model.distribute(c.partition, cost=cost, batch=batch)
         except ValueError as e:
             tried.append(f"{c.partition}: {_reason(e)}")
             continue

@@ -50,6 +50,17 @@ class Role(Enum):
         return {Role.REDUCE: Role.BROADCAST, Role.BROADCAST: Role.REDUCE}.get(self, self)
 
 
+def dims(shape) -> str:
+    """A shape as a label shows it: `8×4`."""
+    return "×".join(map(str, shape))
+
+
+def name_label(name: str | None) -> str:
+    """` 'w'` for a leaf named `w`; nothing for an unnamed one (its name comes from the
+    operator it is used in: `po.tree` and `A.named` show it)."""
+    return "" if name is None else f" {name!r}"
+
+
 def positive_int(value, what: str, op: str) -> int:
     """`value` as an int >= 1, or a `ValueError` that names the operator."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -128,6 +139,15 @@ class Leaf(Operator):
         """The leaf that owns the parameter (itself; the wrapped leaf for an adjoint)."""
         return self
 
+    def describe(self) -> str:
+        """How the leaf shows in `repr`, `po.tree` and plans (`DFT(8)`, `Matrix(4×4 'w')`)."""
+        return type(self).__name__
+
+    def halo_width(self, axis: int) -> int:
+        """The planes the leaf reads on either side along its axis `axis` (a `Role.HALO`
+        axis: what a halo exchange brings from each neighbour); 0 for other axes."""
+        return 0
+
 
 class Adjoint(Leaf):
     """The adjoint of a leaf: same parameter, domain and range swapped."""
@@ -169,3 +189,9 @@ class Adjoint(Leaf):
 
     def inverse(self) -> Operator:
         return self.of.inverse().H
+
+    def describe(self) -> str:
+        return f"{self.of.describe()}ᴴ"
+
+    def halo_width(self, axis: int) -> int:
+        return self.of.halo_width(axis)

@@ -31,7 +31,7 @@ from jax import lax
 
 from .. import _dtypes
 from .._dtypes import Flow
-from .base import Leaf, Role, positive_int
+from .base import Leaf, Role, dims, name_label, positive_int
 
 BOUNDARIES = ("periodic", "zero")
 
@@ -148,6 +148,10 @@ class Correlation(Leaf):
         reads on either side."""
         return tuple(k // 2 for k in self.kernel)
 
+    def halo_width(self, axis: int) -> int:
+        spatial = axis - self.grid_offset
+        return self.halo[spatial] if 0 <= spatial < len(self.halo) else 0
+
     def extend(self, x: jax.Array, axis: int, axes: Iterable[int]) -> jax.Array:
         """`x` with the spatial axes `axes` (0-based among the spatial axes) padded by
         their halo on both sides by the boundary rule: periodic wraps around, zero pads
@@ -239,3 +243,6 @@ class Convolution(Correlation):
         if w.shape[:2] == (1, 1):  # a scalar per tap: shifted slices beat a convolution
             return shift_sum(w[0, 0], x, axis + 1)
         return conv(w, x, axis)
+
+    def describe(self) -> str:
+        return f"Conv({dims(self.param_shape)}{name_label(self.name)}, {self.boundary})"

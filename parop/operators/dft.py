@@ -24,6 +24,10 @@ def _hermitian_weights(n: int, dtype) -> np.ndarray:
     return c
 
 
+def _norm_label(norm: str) -> str:
+    return "" if norm == "backward" else f", {norm}"
+
+
 class DFT(Leaf):
     """The DFT along an axis of size `n`, normalised as `numpy.fft` (`norm`).
 
@@ -71,6 +75,9 @@ class DFT(Leaf):
     def inverse(self) -> "InverseDFT":
         return self._cache("_inverse", lambda: InverseDFT(self))
 
+    def describe(self) -> str:
+        return f"{'r' if self.real else ''}DFT({self.n}{_norm_label(self.norm)})"
+
 
 class InverseDFT(Leaf):
     """The inverse of a `DFT` (what `DFT(...).inverse()` returns): `ifft`, or `irfft`
@@ -99,6 +106,9 @@ class InverseDFT(Leaf):
 
     def inverse(self) -> DFT:
         return self.of
+
+    def describe(self) -> str:
+        return f"i{'r' if self.real else ''}DFT({self.n}{_norm_label(self.norm)})"
 
 
 def fusable(run: list, leaf, axis: int) -> bool:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from .. import _dtypes
 from .._dtypes import Flow
-from .base import Leaf, Role, positive_int
+from .base import Leaf, Role, name_label, positive_int
 
 
 def along(w: jax.Array, x: jax.Array, axis: int) -> jax.Array:
@@ -48,3 +48,6 @@ class Diagonal(Leaf):
 
     def _backward(self, w, x, axis):
         return x * along(jnp.conj(w), x, axis)
+
+    def describe(self) -> str:
+        return f"Diagonal({self.n}{name_label(self.name)})"

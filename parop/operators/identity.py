@@ -38,3 +38,6 @@ class Identity(Leaf):
 
     def inverse(self):
         return self
+
+    def describe(self) -> str:
+        return f"I({self.n})"

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from .. import _dtypes
 from .._dtypes import Flow
-from .base import Leaf, Role, mix, positive_int
+from .base import Leaf, Role, dims, mix, name_label, positive_int
 
 
 class Matrix(Leaf):
@@ -48,3 +48,6 @@ class Matrix(Leaf):
 
     def _backward(self, w, x, axis):
         return mix(jnp.conj(w), x, axis, transpose=True)
+
+    def describe(self) -> str:
+        return f"Matrix({dims(self.param_shape)}{name_label(self.name)})"

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _dtypes
 from .._dtypes import Flow
-from .base import Leaf, Role, mix, positive_int
+from .base import Leaf, Role, dims, mix, name_label, positive_int
 
 
 class PerModeMatrix(Leaf):
@@ -65,3 +65,6 @@ class PerModeMatrix(Leaf):
 
     def _backward(self, w, x, axis):
         return mix(jnp.conj(w), x, axis, transpose=True)
+
+    def describe(self) -> str:
+        return f"PerModeMatrix({dims(self.param_shape)}{name_label(self.name)})"

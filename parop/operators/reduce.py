@@ -34,3 +34,6 @@ class Reduce(Leaf):
     def _backward(self, w, x, axis):
         shape = x.shape[:axis] + (self.n,) + x.shape[axis + 1 :]
         return jnp.broadcast_to(x, shape)
+
+    def describe(self) -> str:
+        return f"Reduce({self.n})"

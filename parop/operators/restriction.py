@@ -88,3 +88,6 @@ class Restriction(Leaf):
             return jnp.concatenate(pieces, axis)
         index = (slice(None),) * axis + (self.indices,)
         return jnp.zeros(shape, x.dtype).at[index].add(x)
+
+    def describe(self) -> str:
+        return f"Restriction({self.n}→{self.range_shape[0]})"

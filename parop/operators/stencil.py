@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _dtypes
 from .._dtypes import Flow
-from .base import Role
+from .base import Role, dims
 from .convolution import Correlation, adjoint_kernel, check_kernel, shift_sum, sizes
 
 
@@ -88,3 +88,8 @@ class Stencil(Correlation):
 
     def _valid(self, w, x, axis, adjoint):
         return shift_sum(adjoint_kernel(self.weights, channels=False) if adjoint else self.weights, x, axis)
+
+    def describe(self) -> str:
+        w = self.weights  # a short 1-D stencil shows its weights, others their shape
+        taps = f"[{', '.join(f'{v.item():g}' for v in w)}]" if w.ndim == 1 and w.size <= 5 else dims(w.shape)
+        return f"Stencil({taps}, {self.boundary})"

@@ -1,5 +1,7 @@
-"""The actions of a plan, what each one costs (the collectives it runs forward and,
-for `jax.grad`, backward), and its transpose.
+"""The actions of a plan. Each kind of action is one class that knows its layout
+effect (`after`), its collectives forward and, for `jax.grad`, backward
+(`collectives`), its transpose (`transpose`: the actions of the adjoint) and how a
+plan shows it (`describe`); its lowering is registered in `lower.py` (`run_action`).
 
 A plan is a list of actions from the input layout to the output layout:
 
@@ -12,8 +14,8 @@ A plan is a list of actions from the input layout to the output layout:
 - `Branch`: a sum, each term's actions from the same layout to a common one.
 
 `State` is what the planner knows of the tensor between two actions: global sizes,
-layout, itemsize. Every action's collectives are computed from the state it starts in
-(`collectives`), by the search and by the replay of a finished plan alike.
+layout, itemsize. Every method takes the state the action starts in, so the search and
+the replay of a finished plan compute alike.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from typing import Union
 import numpy as np
 
 from ...operators import Role
-from ..layout import Layout
-from .cost import ALL_GATHER, ALL_TO_ALL, PPERMUTE, PSUM, PSUM_SCATTER, Collective, sent
-from .program import Program, Step
+from ..layout import Layout, spec_of
+from .cost import ALL_GATHER, ALL_TO_ALL, PPERMUTE, PSUM, PSUM_SCATTER, Collective, sent, traffic_text
+from .program import Step
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,7 @@ class Local:
 
     def halo_width(self, a: int) -> int:
         """The planes a halo exchange brings from each neighbour along tensor axis `a`."""
-        leaf = self.step.leaf.leaf
-        return leaf.halo[a - self.step.axes[0] - leaf.grid_offset]
+        return self.step.leaf.halo_width(a - self.step.axes[0])
 
     def after(self, state: State) -> Layout:
         a = self.step.axes[0] if self.step.axes else None
@@ -158,6 +159,38 @@ class Local:
             bwd.append(Collective(PSUM, axes, sent(PSUM, state.local_bytes, state.group(axes))))
         bwd += weight_gradient(self, state)
         return tuple(fwd), tuple(bwd)
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        """The actions of the adjoint step (from this action's output back to `before`):
+        a `Reduce`'s psum becomes a broadcast and a split; a row-parallel `Matrix` a
+        column-parallel one, its `psum_scatter` an `all_gather`; and back."""
+        step, ws = self.step.transposed(), self.weight_split
+        if ws is None and self.psum:  # a Reduce's psum: broadcast, then split again
+            a = next(b for b, r in zip(self.step.axes, self.step.roles) if r is Role.REDUCE)
+            return Local(step), Split(self.psum, a, -before.sizes[a] % before.group(self.psum))
+        if ws is None:
+            return (Local(step, halo=self.halo),)
+        if self.gather:
+            return (Local(step, psum=self.gather, scatter=True, weight_split=ws),)
+        if self.scatter:
+            return (Local(step, gather=self.psum, weight_split=ws),)
+        if self.psum:
+            return (Local(step, weight_split=ws),)
+        out_ax, _ = self.step.leaf.dense_axes
+        return (Local(step, psum=ws[out_ax], weight_split=ws),)
+
+    def describe(self, before: State) -> str:
+        where = f" on axis {self.step.axes[0]}" if len(self.step.axes) == 1 else (
+            f" on axes {self.step.axes}" if self.step.axes else "")
+        if self.halo:
+            where += ", halo exchange on axis " + ", ".join(f"{a} over {'+'.join(before.layout[a])}" for a in self.halo)
+        if self.weight_split is not None:
+            form = "row" if self.psum else "column"
+            axes = "+".join(n for part in self.weight_split for n in part)
+            where += f", {form}-parallel: weight split over {axes}"
+        after = self.after(before)
+        moved = f"   -> {spec_of(after)}" if after != before.layout else ""
+        return f"{self.step.label()}{where}{traffic_text(*self.collectives(before))}{moved}"
 
 
 def weight_gradient(action: Local, state: State) -> list[Collective]:
@@ -221,6 +254,17 @@ class AllToAll:
         c = Collective(ALL_TO_ALL, self.axes, sent(ALL_TO_ALL, operand, g))
         return (c,), (c,)
 
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        """The move back: padding becomes cropping and the other way round."""
+        pad = before.blocks[self.src] * before.splits[self.src] - before.sizes[self.src] if self.crop else 0
+        return (AllToAll(self.axes, self.dst, self.src, pad, before.sizes[self.dst] if self.pad else 0),)
+
+    def describe(self, before: State) -> str:
+        padding = f", axis {self.dst} padded with {self.pad} zeros" if self.pad else ""
+        cropping = f", axis {self.src} cropped to {self.crop}" if self.crop else ""
+        return (f"all_to_all {'+'.join(self.axes)}: axis {self.src} -> axis {self.dst}{padding}{cropping}"
+                f"{traffic_text(*self.collectives(before), ALL_TO_ALL)}   -> {spec_of(self.after(before))}")
+
 
 @dataclass(frozen=True)
 class Split:
@@ -240,6 +284,14 @@ class Split:
         operand = state.local_bytes / blocks[self.dst] * (blocks[self.dst] + self.pad)
         return (), (Collective(PSUM, self.axes, sent(PSUM, operand, state.group(self.axes))),)
 
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        return (Gather(self.axes, self.dst, before.sizes[self.dst] if self.pad else 0),)
+
+    def describe(self, before: State) -> str:
+        padding = f", padded with {self.pad} zeros" if self.pad else ""
+        return (f"split axis {self.dst} over {'+'.join(self.axes)} (local slice{padding})"
+                f"{traffic_text(*self.collectives(before))}   -> {spec_of(self.after(before))}")
+
 
 @dataclass(frozen=True)
 class Gather:
@@ -258,6 +310,14 @@ class Gather:
     def collectives(self, state: State):
         return (Collective(ALL_GATHER, self.axes, sent(ALL_GATHER, state.local_bytes, state.group(self.axes))),), ()
 
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        pad = before.blocks[self.src] * before.splits[self.src] - before.sizes[self.src] if self.crop else 0
+        return (Split(self.axes, self.src, pad),)
+
+    def describe(self, before: State) -> str:
+        return (f"all_gather axis {self.src} over {'+'.join(self.axes)}"
+                f"{traffic_text(*self.collectives(before))}   -> {spec_of(self.after(before))}")
+
 
 @dataclass(frozen=True)
 class Branch:
@@ -268,6 +328,15 @@ class Branch:
 
     def collectives(self, state: State):
         return (), ()
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        """Each term transposed, from the sum's output layout back to `before`'s."""
+        from .plan import transpose_from  # the replay of a term lives with the plan
+
+        return (Branch(self.step.transposed(), tuple(transpose_from(term, before) for term in self.terms)),)
+
+    def describe(self, before: State) -> str:
+        return f"sum of {len(self.terms)} terms:"
 
 
 Action = Union[Local, AllToAll, Split, Gather, Branch]

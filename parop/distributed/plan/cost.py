@@ -50,6 +50,25 @@ class Collective:
     bytes: float
 
 
+def fmt_bytes(n: float) -> str:
+    """`512 B`, `5.9 KiB`, `1.2 GiB`."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def traffic_text(fwd, bwd, own: str | None = None) -> str:
+    """The collectives of an action, forward and backward, as a plan shows them (those
+    of its own kind, an `all_to_all`'s, by their bytes alone)."""
+    def one(c):
+        return fmt_bytes(c.bytes) if c.kind == own else f"{c.kind} {'+'.join(c.axes)} {fmt_bytes(c.bytes)}"
+
+    parts = [f"{label} " + " + ".join(one(c) for c in cs) for label, cs in (("fwd", fwd), ("bwd", bwd)) if cs]
+    return ("   " + ", ".join(parts)) if parts else ""
+
+
 @dataclass(frozen=True)
 class CostModel:
     """The machine model of `po.distribute(..., cost=...)`.
@@ -77,6 +96,9 @@ class CostModel:
         if not isinstance(self.training, bool):
             raise ValueError(f"CostModel: training must be True or False, got {self.training!r}")
 
-    def time(self, collectives) -> float:
-        """The cost of `collectives`, in bytes."""
-        return sum(c.bytes + self.latency_bytes for c in collectives)
+    def price(self, forward, backward) -> tuple[float, float, int]:
+        """`(time in bytes, bytes sent, collectives)` of a program or an action running
+        the collectives `forward` (and, when training, `backward`)."""
+        paid = tuple(forward) + tuple(backward) if self.training else tuple(forward)
+        nbytes = sum(c.bytes for c in paid)
+        return (nbytes + self.latency_bytes * len(paid), nbytes, len(paid))

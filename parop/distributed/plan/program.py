@@ -82,6 +82,34 @@ class Step:
         """A dense `Matrix` step (it has tensor-parallel forms)."""
         return self.leaf is not None and self.leaf.dense_axes is not None
 
+    def resize(self, sizes: list[int]) -> None:
+        """`sizes` (a tensor's, in place) after this step."""
+        for a, n in zip(self.axes, self.out_sizes):
+            sizes[a] = n
+
+    def out_itemsize(self, itemsize: int) -> int:
+        """The itemsize of the tensor after this step, `itemsize` before it: only a barrier
+        that changes the dtype (a real DFT, its adjoint or inverse) changes it."""
+        return self.out_dtype.itemsize if self.flow == BARRIER and self.in_dtype != self.out_dtype else itemsize
+
+    def transposed(self) -> "Step":
+        """The step of the adjoint: sizes and dtypes swapped, the leaf's adjoint, the
+        scalar conjugated."""
+        scalar = self.scalar.conjugate() if isinstance(self.scalar, (Slot, complex)) else self.scalar
+        return Step(self.axes, self.out_sizes, self.in_sizes, self.flow, self.out_dtype, self.in_dtype,
+                    leaf=None if self.leaf is None else self.leaf.H, scalar=scalar, conj=self.conj)
+
+    def label(self) -> str:
+        """What the step runs, as a plan shows it."""
+        from ...display import scalar
+
+        if self.leaf is not None:
+            return self.leaf.describe()
+        if self.conj:
+            return "conjugate"
+        c = self.scalar
+        return f"scale by {'conj(c)' if isinstance(c, Slot) and c.conj else scalar(c)}"
+
     @property
     def bytes_factor(self) -> float:
         """How much this step multiplies the bytes of the tensor."""
@@ -103,6 +131,13 @@ class Program:
     @property
     def full(self) -> int:
         return (1 << len(self.steps)) - 1
+
+    def all_steps(self):
+        """Every step, a sum's terms' steps too (after the sum's own)."""
+        for step in self.steps:
+            yield step
+            for term in step.terms:
+                yield from term.all_steps()
 
     def segment(self, i: int, shape: tuple[int, ...]) -> "Program":
         """The steps of a chain's `i`-th operator (between its barriers) as a program of

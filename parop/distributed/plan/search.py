@@ -28,7 +28,7 @@ from ..layout import Layout
 from .actions import Action, AllToAll, Branch, Local, Split, State, weight_bytes_held
 from .cost import CostModel
 from .goal import Goal
-from .program import BARRIER, Program, Step
+from .program import Program, Step
 
 Cost = tuple[float, float, int, float]  # (time in bytes, bytes sent, collectives, weight bytes held)
 ZERO: Cost = (0.0, 0.0, 0, 0.0)
@@ -120,8 +120,7 @@ class Context:
             sizes = list(self.shape)
             for j, step in enumerate(self.steps):
                 if done >> j & 1:
-                    for a, n in zip(step.axes, step.out_sizes):
-                        sizes[a] = n
+                    step.resize(sizes)
             self._sizes[done] = tuple(sizes)
         return self._sizes[done]
 
@@ -129,8 +128,8 @@ class Context:
         if done not in self._itemsize:
             itemsize = self.itemsize0
             for j, step in enumerate(self.steps):
-                if done >> j & 1 and step.flow == BARRIER and step.in_dtype != step.out_dtype:
-                    itemsize = step.out_dtype.itemsize
+                if done >> j & 1:
+                    itemsize = step.out_itemsize(itemsize)
             self._itemsize[done] = itemsize
         return self._itemsize[done]
 
@@ -411,11 +410,8 @@ class Search:
         return self.context(parent.steps[j].terms[k], parent.sizes(before), parent.itemsize(before))
 
     def price(self, action, here: State) -> Cost:
-        fwd, bwd = action.collectives(here)
-        paid = fwd + bwd if self.cost.training else fwd
         held = weight_bytes_held(action, here) if isinstance(action, Local) else 0.0
-        nbytes = sum(c.bytes for c in paid)
-        return (nbytes + self.cost.latency_bytes * len(paid), nbytes, len(paid), held)
+        return self.cost.price(*action.collectives(here)) + (held,)
 
     # -- the search ----------------------------------------------------------------------
     def run(self, prog: Program, entry: Layout, goal: Goal, itemsize: int | None = None):

@@ -1,0 +1,136 @@
+"""A plan is a value: `po.plan` gives equal plans for equal arguments, a plan goes to
+JSON and back unchanged, weight placements pass between calls as values, `D.plan` does
+not depend on what `D` was called with, and planning happens outside `jit` traces."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.core import unsafe_am_i_under_a_jit
+from jax.sharding import PartitionSpec as P
+
+import parop as po
+import parop.distributed.plan.search as search_module
+from parop.nn import FNO
+from reference import applied, random_array, random_params
+
+F64, C128 = "float64", "complex128"
+
+
+def network():
+    """A sum (a `Branch`), a traced scalar (a `Slot`), a real DFT, a `Restriction`, a
+    stencil's halo exchange and a weight: every kind of step a plan's JSON must hold."""
+    spectral = po.kron(po.Restriction(5, [0, 1, 4], C128) @ po.DFT(8, F64), po.Matrix(4, 4, C128, name="w"))
+    other = po.kron(po.Restriction(5, slice(0, 3), C128) @ po.DFT(8, F64), po.Identity(4, C128))
+    local = po.kron(po.Identity(3, C128), po.Diagonal(4, C128, name="d"))
+    stencil = po.kron(po.Stencil(np.array([1.0, -2.0, 1.0]), (8,), dtype=F64), po.Identity(4, F64))
+    return (jnp.asarray(2.0) * local) @ (spectral + other) @ stencil
+
+
+def test_equal_arguments_give_equal_plans_and_json_gives_them_back():
+    op = network()
+    plan = po.plan(op, (2, 2))
+    again = po.plan(network(), (2, 2))
+    assert plan == again and hash(plan) == hash(again) and plan is not again
+    assert plan == po.distribute(op, (2, 2)).plan
+    assert plan != po.plan(op, (2, 1)) and plan != po.plan(op, (2, 2), cost=po.CostModel(training=False))
+    for p in (plan, plan.transpose(op.H), po.plan(op, (1, 2, 2), batch_shape=(4,))):
+        text = p.to_json()
+        back = po.Plan.from_json(text)
+        assert back == p and back.to_json() == text and str(back) == str(p) and repr(back) == repr(p)
+        assert back.cost == p.cost and back.out_layout == p.out_layout
+    assert "row-parallel" in str(plan) and "Stencil" in str(plan) and "sum of 2 terms" in str(plan)
+    with pytest.raises(ValueError, match="not the JSON of a parop Plan"):
+        po.Plan.from_json('{"a": 1}')
+
+
+def test_a_plan_read_from_json_lowers_to_the_same_program():
+    """The JSON holds what lowering needs: the program of a plan read back gives `op`'s
+    answer."""
+    from parop.distributed.lower import lower
+
+    op = po.kron(po.DFT(8, C128), po.Matrix(4, 4, C128, name="w")) + po.kron(po.DFT(8, C128), po.Identity(4, C128))
+    D = po.distribute(op, (2, 2))
+    θ = random_params(op, 1)
+    x = jnp.asarray(random_array(np.random.default_rng(0), (8, 4), np.complex128))
+    run, specs = lower(po.Plan.from_json(D.plan.to_json()), D.mesh)
+    assert specs == D.program(())[1]
+    np.testing.assert_allclose(np.asarray(run(x, *(θ[n] for n, _ in specs))), np.asarray(applied(op, θ, x)),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_weight_placements_are_values_passed_between_calls():
+    """`weights=` pins weights where another plan put them; the dict given is not changed;
+    names that are not weights, and specs that are not `PartitionSpec`s, are refused."""
+    op = po.kron(po.Matrix(8, 8, F64, name="m"), po.Identity(4, F64))
+    free = po.plan(op, (1, 2, 2), batch_shape=(8,))
+    assert free.weight_placements == {"m": P(None, None)}
+    want = {"m": P(None, "d1")}
+    given = dict(want)
+    pinned = po.plan(op, (1, 2, 2), batch_shape=(8,), weights=given, shard_weights=True)
+    assert given == want and pinned.weight_placements == want
+    D = po.distribute(op, (1, 2, 2), batch_shape=(8,), weights=pinned.weight_placements, shard_weights=True)
+    assert D.plan == pinned and D.plan_for((16,)).weight_placements == want
+    with pytest.raises(ValueError, match=r"weights names 'q', not a weight of the operator \(its weights: \['m'\]\)"):
+        po.plan(op, (1, 2, 2), batch_shape=(8,), weights={"q": P()})
+    with pytest.raises(TypeError, match=r"weights\['m'\] must be a PartitionSpec"):
+        po.distribute(op, (1, 2, 2), weights={"m": ("d1",)})
+    with pytest.raises(TypeError, match="weights must be a dict"):
+        po.distribute_chain([op], (1, 2, 2), batch_shape=(8,), weights=[("m", P())])
+
+
+def test_a_chain_planned_again_keeps_its_weights_where_they_are():
+    up = po.kron(po.Matrix(8, 4, F64, name="up"), po.Identity(16, F64))
+    down = po.kron(po.Matrix(4, 8, F64, name="down"), po.Identity(16, F64))
+    first = po.distribute_chain([up, down], (2, 2, 2), batch_shape=(8,))
+    placed = {name: spec for D in first for name, spec in D.plan.weight_placements.items()}
+    again = po.distribute_chain([up, down], (2, 2, 2), batch_shape=(4,), weights=placed)
+    assert {name: spec for D in again for name, spec in D.plan.weight_placements.items()} == placed
+    assert [D.plan for D in po.distribute_chain([up, down], (2, 2, 2), batch_shape=(8,))] == [D.plan for D in first]
+
+
+def test_the_plan_of_a_distributed_operator_does_not_depend_on_its_calls():
+    """`D.plan` is the plan of the batch shape given (or the default, 1024 per device),
+    before and after calls with other batch shapes, and equals `po.plan`'s; the weights
+    stay where `D.plan` puts them for every batch shape."""
+    op = po.kron(po.Matrix(4, 4, F64, name="w"), po.DFT(8, C128).H @ po.DFT(8, C128))
+    D = po.distribute(op, (1, 2, 2))
+    before = D.plan
+    assert before.shape == (4, 8, 2048) and before == po.plan(op, (1, 2, 2), batch_shape=(2048,))
+    θ = random_params(op)
+    x = jnp.asarray(random_array(np.random.default_rng(0), (4, 8, 6), np.complex128))
+    D(θ) @ x
+    assert D.plan == before and D.plan_for((6,)).shape == (4, 8, 6)
+    assert D.plan_for((6,)).weight_placements == before.weight_placements
+    assert po.distribute(op, (1, 2, 2), batch_shape=(6,)).plan.shape == (4, 8, 6)
+
+
+def test_no_planning_inside_a_jit_trace(monkeypatch):
+    """Planning happens when `D` is made (`batch_shape=`), or before `D`'s own jitted call
+    for a new batch shape; never while JAX traces."""
+    traced = []
+    run = search_module.Search.run
+
+    def watched(self, *args, **kwargs):
+        traced.append(unsafe_am_i_under_a_jit())
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(search_module.Search, "run", watched)
+    op = po.kron(po.DFT(8, C128), po.DFT(8, C128))
+    D = po.distribute(op, (2, 1, 2), batch_shape=(4,))
+    assert traced == [False]
+    x = jnp.asarray(random_array(np.random.default_rng(0), (8, 8, 4), np.complex128))
+    jax.jit(lambda x: D @ x)(x)
+    D.H @ (D @ x)
+    assert traced == [False]  # the plan made at distribute time serves both directions
+    D @ x[..., :2]
+    assert traced == [False, False]
+
+
+def test_the_fno_plans_every_batch_size_with_its_reference_placements():
+    model = FNO((8, 8), width=4, modes=(4, 4), layers=1, projection=4, dtype=jnp.float64)
+    dist = model.distribute((2, 1, 2, 2))
+    assert dist.weights == {name: spec for D in dist.operators(2) for name, spec in D.plan.weight_placements.items()}
+    assert dist.weights["spectral0"] != P()
+    four = {name: spec for D in dist.operators(4) for name, spec in D.plan.weight_placements.items()}
+    assert four == dist.weights
