@@ -116,7 +116,7 @@ def _abstract_step_inputs(model, batch: int, optimizer):
     """`jax.ShapeDtypeStruct`s of the parameters, and of the step's real-view
     parameters, optimiser state, input and target, each placed where training keeps it
     (nothing allocated)."""
-    shardings = model.param_shardings(batch) if model.distributed else {}
+    shardings = model.param_shardings() if model.distributed else {}
     θ = jax.eval_shape(model.init, jax.ShapeDtypeStruct((), jax.random.key(0).dtype))
     θr = jax.eval_shape(as_real, θ)
 
