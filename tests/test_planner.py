@@ -808,5 +808,5 @@ def test_an_fno_with_a_local_kernel_plans():
     the whole-chain search finds when allowed 3,000,000 states."""
     model = FNO((8, 8, 8), width=4, modes=(4, 4, 4), layers=1, local_kernel=3)
     mesh = AbstractMesh((2, 2, 2), ("a", "b", "c"))
-    Ds = model.distribute(P(None, None, "a", "b", "c"), mesh=mesh).operators(2)
+    Ds = model.distribute(P(None, None, "a", "b", "c"), mesh=mesh, batch=2).operators(2)
     assert math.isclose(sum(D.plan.cost[0] for D in Ds), 23089456.0, rel_tol=1e-12)
