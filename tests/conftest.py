@@ -14,7 +14,7 @@ LONG = os.environ.get("PAROP_LONG_TESTS") == "1"
 
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [
     os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8",
-    "" if LONG else "--xla_backend_optimization_level=0",
+    "--xla_backend_optimization_level=0",
 ]))
 
 import jax  # noqa: E402
