@@ -1,12 +1,12 @@
 """Test set-up: 8 forced CPU host devices (before jax is imported), float64 enabled,
 strict dtype promotion so that an accidental upcast fails loudly.
 
-Outside the long pass (`PAROP_LONG_TESTS=1`), XLA:CPU generates code with LLVM at
-optimisation level 0: the same HLO programs (fusions, layouts, collectives) and the same
-IEEE arithmetic (XLA:CPU uses no fast-math either way), compiled in about 60% of the
-time, which is most of what the suite's many small programs cost (the benchmark smoke
-test's subprocess inherits it). The long pass, the notebooks, the demo and the
-multi-process tests compile as users do."""
+XLA:CPU generates code with LLVM at optimisation level 0, in both passes: the same HLO
+programs (fusions, layouts, collectives) and the same IEEE arithmetic (XLA:CPU uses no
+fast-math either way), compiled in about 60% of the time, which is most of what the
+suite's many small programs cost (the benchmark smoke test's subprocess inherits it).
+The notebooks, the demo and the multi-process tests run in processes of their own and
+compile as users do."""
 
 import os
 
