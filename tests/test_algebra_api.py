@@ -95,6 +95,13 @@ def test_jit_grad_vmap_linear_transpose():
     np.testing.assert_allclose(np.asarray(transposed), np.asarray(want), atol=1e-3)
     g = jax.grad(lambda θ: jnp.sum(jnp.abs(op(θ) @ x) ** 2))(θ)
     assert g["w"].shape == (4, 4) and g["w"].dtype == jnp.complex64
+    # JAX's gradient of a real loss in a complex weight is the conjugate of the Wirtinger
+    # derivative 2 ∂f/∂w̄: for f = ||(W ⊗ F) x||², with F the DFTs acting on x's last two axes
+    # as the matrix Z = F x (4 rows of 6 · 5), f = ||W Z||² and ∂f/∂w̄ = (W Z) Zᴴ
+    Z = np.fft.fft(np.fft.rfft(np.asarray(x, np.float64), axis=2), axis=1).reshape(4, -1)
+    W = np.asarray(θ["w"], np.complex128)
+    want = np.conj(2 * (W @ Z) @ Z.conj().T)
+    np.testing.assert_allclose(np.asarray(g["w"]), want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
 
 
 def test_grad_matches_finite_differences():

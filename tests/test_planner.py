@@ -485,16 +485,24 @@ def test_the_compiled_training_step_runs_the_plans_collectives():
 
 def test_inference_plans_count_the_forward_pass_only():
     """`CostModel(training=False)` costs the forward collectives alone; the default
-    (training) costs forward and backward, the weight gradients' all-reduces included."""
-    op = po.kron(po.Matrix(8, 8, F64, name="w"), po.Diagonal(8, F64, name="d"), po.DFT(4, C128).H @ po.DFT(4, C128))
+    (training) costs forward and backward, the weight gradients' all-reduces included:
+    what each prices is what XLA compiles, the forward program or the whole training
+    step (counted in the HLO, not recomputed from the plan's own formula)."""
     op = po.kron(po.Matrix(8, 8, C128, name="w"), po.Diagonal(8, C128, name="d"), po.DFT(4, C128))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((8, 8, 4, 4)) + 1j * rng.standard_normal((8, 8, 4, 4)))
     for training in (True, False):
         cost = CostModel(latency_bytes=1000.0, training=training)
-        plan = po.distribute(op, (2, 2, 1, 2), cost=cost).plan_for((4,))
-        fwd, bwd = plan.traffic()
-        paid = fwd + bwd if training else fwd
-        assert bwd and plan.cost == (sum(c.bytes for c in paid) + 1000.0 * len(paid), sum(c.bytes for c in paid), len(paid))
-        assert plan.bytes == sum(c.bytes for c in fwd) and plan.backward_bytes == sum(c.bytes for c in bwd)
+        D = po.distribute(op, (2, 2, 1, 2), cost=cost, batch_shape=(4,))
+        plan = D.plan
+        θ = po.init(D, jax.random.key(0))
+        if training:
+            counted = hlo_collectives(training_step_hlo(D, θ, x, x))
+        else:
+            counted = hlo_collectives(jax.jit(lambda θ, x: D(θ) @ x).lower(θ, x).compile().as_text())
+        assert sum(counted.values()) == plan.cost[2] > 0, (counted, plan.cost)
+        assert plan.cost[0] == plan.cost[1] + 1000.0 * plan.cost[2]  # bytes, then one latency per collective
+        assert plan.cost[1] == plan.bytes + (plan.backward_bytes if training else 0)
         assert f"costed for {'training' if training else 'inference'}" in str(plan)
 
 
