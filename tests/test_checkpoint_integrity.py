@@ -164,3 +164,40 @@ def test_restore_names_the_keys_that_differ_and_incomplete_steps(tmp_path):
         (tmp_path / "bad" / "1" / missing).unlink()
         with pytest.raises(ValueError, match=message):
             checkpoint.restore(tmp_path / "bad", tree)
+
+
+SAVER = """
+import sys, numpy as np
+from parop import checkpoint
+path = sys.argv[1]
+for step in range(1, 1000):
+    checkpoint.save(path, {"w": np.full((1024, 1024), step, np.float32)}, step=step, keep=2)
+    print(step, flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.3] + [pytest.param(d, marks=pytest.mark.long) for d in (0.0, 0.1, 0.7, 1.5)])
+def test_a_save_killed_midway_restores_the_last_complete_step(tmp_path, delay):
+    """A process saving 4 MB steps one after another is SIGKILLed at some point after its
+    first save: the latest step on disk restores exactly as saved (its checksums hold),
+    whatever the kill interrupted, and saving goes on from it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "ckpt"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    saver = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert saver.stdout.readline().strip() == "1"  # the first step is complete
+        time.sleep(delay)
+    finally:
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+    step = checkpoint.latest_step(path)
+    assert step is not None and step >= 1
+    restored = checkpoint.restore(path, {"w": np.zeros((1024, 1024), np.float32)})
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((1024, 1024), step, np.float32))
+    checkpoint.save(path, {"w": np.full((1024, 1024), -1.0, np.float32)}, step=step + 1, keep=2)
+    assert checkpoint.latest_step(path) == step + 1
