@@ -46,7 +46,7 @@ def run(dim: int = 2, steps: int | None = None, partition: tuple[int, ...] | Non
                 layers=protocol.layers)
     place = None
     if partition:
-        model = model.distribute(partition)
+        model = model.distribute(partition, batch=protocol.batch_size)
         place = lambda v: jax.device_put(v, model.in_sharding)  # noqa: E731
     θ = model.init(jax.random.key(seed))
     ends = [time.perf_counter()]

@@ -33,8 +33,8 @@ def groups(run: Run) -> list[Group]:
 
 def _group(grid, width, modes, batch, partition, layers) -> Group:
     model = FNO(grid, width=width, modes=modes, layers=layers)
-    dist = model.distribute(partition)
-    by_bytes = model.distribute(partition, cost=po.CostModel(latency_bytes=0))  # collectives free to start
+    dist = model.distribute(partition, batch=batch)
+    by_bytes = model.distribute(partition, cost=po.CostModel(latency_bytes=0), batch=batch)  # collectives free to start
     θ = model.init(jax.random.key(0))
     rng = np.random.default_rng(3)
     a = rng.standard_normal((batch, 1) + grid, dtype=np.float32)

@@ -39,7 +39,7 @@ def memory_rows(quick: bool) -> list[dict]:
         None, (1, 1, 2, 1, 1), (1, 1, 2, 2, 1), (1, 1, 2, 2, 2), (1, 1, 8, 1, 1), (1, 1, 4, 2, 1)]
     rows = []
     for partition in partitions:
-        m = model if partition is None else model.distribute(partition)
+        m = model if partition is None else model.distribute(partition, batch=1)
         devices = 1 if partition is None else int(np.prod(partition))
         rows.append({"partition": partition or "serial", "devices": devices, **step_memory(m, 1)})
     serial = rows[0]["total"]

@@ -263,7 +263,7 @@ def _report(args) -> dict:
     model = FNO(_ints(args.grid), width=args.width, modes=_ints(args.modes), layers=args.layers,
                 projection=args.projection, remat=args.remat)
     if args.partition:
-        return dry_run(model.distribute(_ints(args.partition)), args.batch)
+        return dry_run(model.distribute(_ints(args.partition), batch=args.batch), args.batch)
     if not args.devices or args.devices == 1:
         return dry_run(model, args.batch)
     limit = None if args.memory_limit is None else args.memory_limit * 1e9
