@@ -6,9 +6,17 @@ programs (fusions, layouts, collectives) and the same IEEE arithmetic (XLA:CPU u
 fast-math either way), compiled in about 60% of the time, which is most of what the
 suite's many small programs cost (the benchmark smoke test's subprocess inherits it).
 The notebooks, the demo and the multi-process tests run in processes of their own and
-compile as users do."""
+compile as users do.
+
+Compiled programs are shared between the tests of one run through JAX's persistent
+compilation cache, in a fresh temporary directory (`PAROP_JAX_CACHE`, set once by the
+pytest process that starts the run, so its xdist workers share it, and removed at its
+end; `.ci/run` sets it for both of its passes): many tests compile the same small
+programs, and the cache key is the whole program and its compile options."""
 
 import os
+import shutil
+import tempfile
 
 LONG = os.environ.get("PAROP_LONG_TESTS") == "1"
 
@@ -19,6 +27,12 @@ os.environ["XLA_FLAGS"] = " ".join(filter(None, [
 
 import jax  # noqa: E402
 
+OWN_CACHE = "PAROP_JAX_CACHE" not in os.environ  # this process made the cache directory: it removes it
+if OWN_CACHE:
+    os.environ["PAROP_JAX_CACHE"] = tempfile.mkdtemp(prefix="parop-jax-cache-")
+jax.config.update("jax_compilation_cache_dir", os.environ["PAROP_JAX_CACHE"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
@@ -35,3 +49,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_unconfigure(config):
+    if OWN_CACHE and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["PAROP_JAX_CACHE"], ignore_errors=True)
