@@ -451,9 +451,7 @@ def distribute(
     """
     request = request_of(op, partition, out_partition, mesh, shard_weights, cost, f"distribute({op!r})")
     batch_shape = request.default_batch(op) if batch_shape is None else tuple(batch_shape)
-    planned = op.named
-    return DistributedOperator(op, request, request.plan(planned, batch_shape, request.weights(op.parameters, weights)),
-                               planned=planned)
+    return DistributedOperator(op, request, request.plan(op.named, batch_shape, request.weights(op.parameters, weights)))
 
 
 def plan(

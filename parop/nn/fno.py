@@ -422,11 +422,10 @@ class DistributedFNO(FNO):
         start, end = ops[-2].in_sharding.spec, ops[-1].out_sharding.spec
         if ops[-2].plan.in_layout == ops[-1].plan.out_layout:
             return None
-        key = (batch, start, end)
-        if key not in self._moves:
+        if batch not in self._moves:  # start and end are those of this batch size's plans
             identity = kron(*(Identity(n) for n in ops[-1].range_shape))
-            self._moves[key] = distribute(identity, start, mesh=self.mesh, out_partition=end, cost=ops[0].cost)
-        return self._moves[key]
+            self._moves[batch] = distribute(identity, start, mesh=self.mesh, out_partition=end, cost=ops[0].cost)
+        return self._moves[batch]
 
     def param_shardings(self) -> dict[str, NamedSharding]:
         """Where each parameter lives: where the plan of the reference batch size places
