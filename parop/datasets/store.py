@@ -70,7 +70,10 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
     first, stop = n_samples * index // count, n_samples * (index + 1) // count
     blocks = darcy_blocks(n_samples, resolution, dim=dim, seed=seed, dtype=dtype, start=first,
                           stop=stop) if first < stop else ()  # a part of no samples (more parts than samples)
-    group = zarr.open_group(os.fspath(path), mode="a")
+    try:
+        group = zarr.open_group(os.fspath(path), mode="a")
+    except zarr.errors.ContainsGroupError:  # another process made the group between zarr's check and its write
+        group = zarr.open_group(os.fspath(path), mode="r+")
     settings = {"n_samples": n_samples, "resolution": resolution, "dim": dim, "seed": seed}
     arrays = {name: _array(group, name, shape, np.dtype(dtype), chunks, settings) for name in ("a", "u")}
     for start, a, u in blocks:
