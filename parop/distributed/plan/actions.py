@@ -2,16 +2,32 @@
 effect (`after`), its collectives forward and, for `jax.grad`, backward
 (`collectives`), its transpose (`transpose`: the actions of the adjoint) and how a
 plan shows it (`describe`); its lowering is registered in `lower.py` (`run_action`).
+The search asks the kinds for the moves from a state (`StepAction.candidates`,
+`AllToAll.candidates`, `Split.candidates`).
 
 A plan is a list of actions from the input layout to the output layout:
 
-- `Local`: run a step on each device's block (its axes as it needs them), with a
-  collective after it where the step sums over a split axis (`psum`, `psum_scatter`),
-  or an `all_gather` before it (the transpose of a `psum_scatter`);
+- a step of the program on each device's block (`StepAction`; each axis as the step
+  needs it), in one of these ways:
+  - `Local`: the step alone, no collective;
+  - `ReducePsum`: a `Reduce` over a split axis: a local sum, then a `psum` (its
+    transpose: a `Local` broadcast and a `Split`);
+  - `HaloExchange`: a stencil on split axes, each block first getting its neighbours'
+    planes (a `ppermute` each way, forward and backward);
+  - `ColumnParallel`: a dense `Matrix` on its axis whole, free mesh axes splitting its
+    weight's rows and so the output (backward, a `psum` of the input's gradient);
+  - `RowParallel`: a dense `Matrix` on its axis split, its weight's columns split the
+    same way, then a `psum` (the output replicated);
+  - `RowParallelScatter`: the same, then a `psum_scatter` (the output split as the
+    input; backward, an `all_gather`);
+  - `GatherColumnParallel`: an `all_gather` of the split axis, then column-parallel
+    (the transpose of `RowParallelScatter`);
 - `AllToAll`: move the minor mesh axes of one tensor axis to another;
 - `Split`: cut a replicated tensor axis over free mesh axes (a local slice);
 - `Gather`: its transpose, an `all_gather`;
-- `Branch`: a sum, each term's actions from the same layout to a common one.
+- `Branch`: a sum, each term's actions from the same layout to a common one (a
+  search's route marks it with `Enter`, `NextTerm` and `Exit`; `fold` makes the
+  `Branch`es).
 
 `State` is what the planner knows of the tensor between two actions: global sizes,
 layout, itemsize. Every method takes the state the action starts in, so the search and
