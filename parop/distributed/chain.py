@@ -12,7 +12,7 @@ from ..display import short
 from ..operator import Operator
 from ..params import named
 from .operator import DistributedOperator, OutPartition, Request, check_splits, request_of
-from .plan import CostModel, Local, Plan, route
+from .plan import CostModel, Plan, StepAction, route
 from .plan.program import chain
 
 
@@ -81,7 +81,7 @@ def distribute_chain(
                               dict(pinned))
     pieces: list[list] = [[]]
     for action in actions:
-        if isinstance(action, Local) and action.step.barrier:
+        if isinstance(action, StepAction) and action.step.barrier:
             pieces.append([])
         else:
             pieces[-1].append(action)

@@ -44,6 +44,34 @@ def layout_of(spec: PartitionSpec, ndim: int, mesh: Mesh, where: str) -> Layout:
     return layout
 
 
+def layouts(sizes: tuple[int, ...], mesh: list[tuple[str, int]]) -> list[Layout]:
+    """Every layout of a tensor of `sizes` that splits it evenly over exactly the mesh axes
+    `mesh` (`(name, size)`), in every order."""
+    found = []
+
+    def place(layout: list, rest: list) -> None:
+        if not rest:
+            found.append(tuple(layout))
+            return
+        for k, (name, size) in enumerate(rest):
+            for a, n in enumerate(sizes):
+                split = math.prod(dict(mesh)[m] for m in layout[a]) * size
+                if n % split == 0:
+                    layout[a] = layout[a] + (name,)
+                    place(layout, rest[:k] + rest[k + 1:])
+                    layout[a] = layout[a][:-1]
+
+    place([() for _ in sizes], list(mesh))
+    return list(dict.fromkeys(found))
+
+
+def pads(n: int, split: int, axes: tuple) -> bool:
+    """Whether an axis of size `n`, split over `axes` now, may take a split into `split`
+    pieces by padding with zeros: only a whole axis, to less than twice its size (every
+    device but the last holds data)."""
+    return not axes and -n % split < n
+
+
 def check_mesh(mesh: Mesh | AbstractMesh | None, where: str) -> None:
     """A `TypeError` if `mesh` is neither `None` nor a `jax.sharding.Mesh` (or an
     `AbstractMesh`: a mesh shape to plan on, without devices); a `ValueError` naming

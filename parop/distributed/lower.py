@@ -21,7 +21,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ..algebra import conj, times
 from ..operators import dft
 from .layout import layout_of, spec_of, split_sizes
-from .plan import AllToAll, Branch, Gather, Local, Plan, Slot, Split, Visit, walk
+from .plan import Plan, Slot, Visit, walk
+from .plan.actions import (AllToAll, Branch, ColumnParallel, Gather, GatherColumnParallel, HaloExchange, Local,
+                           ReducePsum, RowParallel, RowParallelScatter, Split, StepAction)
 
 WeightKey = tuple[str, PartitionSpec]
 
@@ -39,7 +41,7 @@ def weight_specs(plan: Plan) -> list[WeightKey]:
 
 def _weight_key(visit: Visit) -> WeightKey | None:
     action = visit.action
-    if not isinstance(action, Local):
+    if not isinstance(action, StepAction):
         return None
     spec = action.weight_spec(visit.before)
     return None if spec is None else (action.step.leaf.name, spec_of(spec))
@@ -51,7 +53,7 @@ def _fuse_ffts(visits) -> list:
     out: list = []
     for visit in visits:
         action = visit.action
-        leaf = action.step.leaf if isinstance(action, Local) and not (action.psum or action.gather) else None
+        leaf = action.step.leaf if isinstance(action, Local) else None
         axis = action.step.axes[0] if leaf is not None else None
         if leaf is not None and out and isinstance(out[-1], list) and dft.fusable(out[-1], leaf, axis):
             out[-1].append((leaf, axis))
@@ -107,27 +109,51 @@ def _(action: Branch, visit, x, weights, scalars, mesh):
     return functools.reduce(lambda a, b: a + b, terms)
 
 
-@run_action.register
-def _local(action: Local, visit, x, weights, scalars, mesh) -> jax.Array:
-    step = action.step
-    if action.gather:
-        x = lax.all_gather(x, _names(action.gather), axis=step.axes[0], tiled=True)
+def _step(visit: Visit, x: jax.Array, weights: dict, scalars: tuple) -> jax.Array:
+    """The step of `visit.action` on each device's block, alone."""
+    step = visit.action.step
     if step.conj:
-        x = conj(x)
-    elif step.leaf is None:
+        return conj(x)
+    if step.leaf is None:
         c = step.scalar
         if isinstance(c, Slot):
             c = conj(scalars[c.index]) if c.conj else scalars[c.index]
-        x = times(c, x)
-    else:
-        key = _weight_key(visit)
-        w = None if key is None else _varying(weights[key], visit)
-        x = _stencil(visit, w, x) if action.halo else step.leaf._forward(w, x, step.axes[0])
-    if action.scatter:
-        x = lax.psum_scatter(x, _names(action.psum), scatter_dimension=step.axes[0], tiled=True)
-    elif action.psum:
-        x = lax.psum(x, _names(action.psum))
-    return x
+        return times(c, x)
+    return step.leaf._forward(_weight(visit, weights), x, step.axes[0])
+
+
+def _weight(visit: Visit, weights: dict) -> jax.Array | None:
+    """The weight the step of `visit` takes (None: it has none)."""
+    key = _weight_key(visit)
+    return None if key is None else _varying(weights[key], visit)
+
+
+@run_action.register(Local)
+@run_action.register(ColumnParallel)
+def _(action, visit, x, weights, scalars, mesh):
+    return _step(visit, x, weights, scalars)
+
+
+@run_action.register(ReducePsum)
+@run_action.register(RowParallel)
+def _(action, visit, x, weights, scalars, mesh):
+    return lax.psum(_step(visit, x, weights, scalars), _names(action.axes))
+
+
+@run_action.register
+def _(action: RowParallelScatter, visit, x, weights, scalars, mesh):
+    x = _step(visit, x, weights, scalars)
+    return lax.psum_scatter(x, _names(action.axes), scatter_dimension=action.axis, tiled=True)
+
+
+@run_action.register
+def _(action: GatherColumnParallel, visit, x, weights, scalars, mesh):
+    return _step(visit, lax.all_gather(x, _names(action.axes), axis=action.axis, tiled=True), weights, scalars)
+
+
+@run_action.register
+def _(action: HaloExchange, visit, x, weights, scalars, mesh):
+    return _stencil(visit, _weight(visit, weights), x)
 
 
 def _all_to_all(x: jax.Array, names, split: int, concat: int) -> jax.Array:
@@ -156,9 +182,9 @@ def _stencil(visit: Visit, w, x: jax.Array) -> jax.Array:
     action, step = visit.action, visit.action.step
     leaf, axis = step.leaf.leaf, step.axes[0]
     spatial = axis + leaf.grid_offset
-    whole = [a - spatial for a in range(spatial, spatial + len(leaf.halo)) if a not in action.halo]
+    whole = [a - spatial for a in range(spatial, spatial + len(leaf.halo)) if a not in action.axes]
     x = leaf.extend(x, axis, whole)
-    for a in action.halo:
+    for a in action.axes:
         x = _exchange(x, a, action.halo_width(a), visit.before.layout[a], visit.before.mesh,
                       leaf.boundary == "periodic")
     return leaf._valid(w, x, axis, adjoint=step.leaf is not leaf)

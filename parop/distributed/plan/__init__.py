@@ -71,7 +71,7 @@ from ...display import short
 from ...operator import Operator
 from ...operators import Role
 from ..layout import Layout, spec_of
-from .actions import Action, AllToAll, Branch, Gather, Local, Split, State
+from .actions import StepAction
 from .cost import Collective, CostModel
 from .goal import Goal, counts_goal, default_goal
 from .plan import Plan, Visit, replay, start, walk, weight_uses

@@ -2,16 +2,32 @@
 effect (`after`), its collectives forward and, for `jax.grad`, backward
 (`collectives`), its transpose (`transpose`: the actions of the adjoint) and how a
 plan shows it (`describe`); its lowering is registered in `lower.py` (`run_action`).
+The search asks the kinds for the moves from a state (`StepAction.candidates`,
+`AllToAll.candidates`, `Split.candidates`).
 
 A plan is a list of actions from the input layout to the output layout:
 
-- `Local`: run a step on each device's block (its axes as it needs them), with a
-  collective after it where the step sums over a split axis (`psum`, `psum_scatter`),
-  or an `all_gather` before it (the transpose of a `psum_scatter`);
+- a step of the program on each device's block (`StepAction`; each axis as the step
+  needs it), in one of these ways:
+  - `Local`: the step alone, no collective;
+  - `ReducePsum`: a `Reduce` over a split axis: a local sum, then a `psum` (its
+    transpose: a `Local` broadcast and a `Split`);
+  - `HaloExchange`: a stencil on split axes, each block first getting its neighbours'
+    planes (a `ppermute` each way, forward and backward);
+  - `ColumnParallel`: a dense `Matrix` on its axis whole, free mesh axes splitting its
+    weight's rows and so the output (backward, a `psum` of the input's gradient);
+  - `RowParallel`: a dense `Matrix` on its axis split, its weight's columns split the
+    same way, then a `psum` (the output replicated);
+  - `RowParallelScatter`: the same, then a `psum_scatter` (the output split as the
+    input; backward, an `all_gather`);
+  - `GatherColumnParallel`: an `all_gather` of the split axis, then column-parallel
+    (the transpose of `RowParallelScatter`);
 - `AllToAll`: move the minor mesh axes of one tensor axis to another;
 - `Split`: cut a replicated tensor axis over free mesh axes (a local slice);
 - `Gather`: its transpose, an `all_gather`;
-- `Branch`: a sum, each term's actions from the same layout to a common one.
+- `Branch`: a sum, each term's actions from the same layout to a common one (a
+  search's route marks it with `Enter`, `NextTerm` and `Exit`; `fold` makes the
+  `Branch`es).
 
 `State` is what the planner knows of the tensor between two actions: global sizes,
 layout, itemsize. Every method takes the state the action starts in, so the search and
@@ -23,12 +39,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Union
+from typing import ClassVar, Iterator, Union
 
 import numpy as np
 
 from ...operators import Role
-from ..layout import Layout, spec_of
+from ..layout import Layout, pads, spec_of
 from .cost import ALL_GATHER, ALL_TO_ALL, PPERMUTE, PSUM, PSUM_SCATTER, Collective, sent, traffic_text
 from .program import Step
 
@@ -83,151 +99,343 @@ class State:
 
 
 @dataclass(frozen=True)
-class Local:
-    """Run `step` on each device's block. `psum`: mesh axes to sum over after it (a
-    `Reduce` over a split axis, or a row-parallel `Matrix`), as a `psum_scatter` if
-    `scatter`. `gather`: mesh axes to `all_gather` its (split) input axis over first.
-    `weight_split`: the mesh axes splitting each weight axis of a sharded `Matrix`
-    (None: the weight is split as the tensor axes it runs along). `halo`: the split
-    tensor axes of a stencil whose neighbouring planes come from the neighbouring
-    devices first (a halo exchange: a `ppermute` each way)."""
+class StepAction:
+    """Run `step` on each device's block. Each subclass is one way to run it, with its
+    own layout effect, collectives (`forward`, `backward`), transpose and lowering; this
+    base holds what they share: where the step's weight is split, its gradient's
+    collectives, how a plan shows the step, and the forms a step can take
+    (`candidates`)."""
 
     step: Step
-    psum: tuple[str, ...] = ()
-    scatter: bool = False
-    gather: tuple[str, ...] = ()
-    weight_split: tuple[tuple[str, ...], ...] | None = None
-    halo: tuple[int, ...] = ()
-
-    def halo_width(self, a: int) -> int:
-        """The planes a halo exchange brings from each neighbour along tensor axis `a`."""
-        return self.step.leaf.halo_width(a - self.step.axes[0])
 
     def after(self, state: State) -> Layout:
-        a = self.step.axes[0] if self.step.axes else None
-        layout = list(state.layout)
-        if self.weight_split is not None:
-            out_ax, _ = self.step.leaf.dense_axes
-            layout[a] = self.weight_split[out_ax] if not self.scatter else layout[a]
-            if self.psum and not self.scatter:
-                layout[a] = ()
-        elif self.psum:
-            for b, role in zip(self.step.axes, self.step.roles):
-                if role is Role.REDUCE:
-                    layout[b] = ()
-        return tuple(layout)
+        return state.layout
+
+    def forward(self, state: State) -> tuple[Collective, ...]:
+        """The collectives this way of running the step adds to it."""
+        return ()
+
+    def backward(self, state: State) -> tuple[Collective, ...]:
+        """The collectives its transpose (which `jax.grad` runs) adds, but for the
+        weight's gradient (`weight_gradient`)."""
+        return ()
+
+    def collectives(self, state: State) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+        return self.forward(state), self.backward(state) + self.weight_gradient(state)
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        """The actions of the adjoint step, from this action's output back to `before`."""
+        raise NotImplementedError
 
     def weight_spec(self, state: State) -> tuple[tuple[str, ...], ...] | None:
         """The mesh axes splitting each weight axis where this step runs (None: no
-        weight)."""
+        weight): those of the tensor axes it runs along."""
         leaf = self.step.leaf
         if leaf is None or leaf.param_shape is None:
             return None
-        if self.weight_split is not None:
-            return self.weight_split
         first = self.step.axes[0]
         return tuple(() if a is None else state.layout[first + a] for a in leaf.param_axes)
 
-    def collectives(self, state: State) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
-        fwd, bwd = [], []
-        step = self.step
-        if self.gather:
-            g = state.group(self.gather)
-            fwd.append(Collective(ALL_GATHER, self.gather, sent(ALL_GATHER, state.local_bytes, g)))
-            bwd.append(Collective(PSUM_SCATTER, self.gather, sent(PSUM_SCATTER, state.local_bytes * g, g)))
-        if self.psum:
-            g = state.group(self.psum)
-            a = step.axes[0] if self.weight_split is not None else next(
-                b for b, r in zip(step.axes, step.roles) if r is Role.REDUCE)
-            i = step.axes.index(a)
-            # the block of partial sums: the local block with axis `a` at its output size
-            partial = state.local_bytes / state.blocks[a] * step.out_sizes[i] * step.out_dtype.itemsize / step.in_dtype.itemsize
-            if self.scatter:
-                fwd.append(Collective(PSUM_SCATTER, self.psum, sent(PSUM_SCATTER, partial, g)))
-                bwd.append(Collective(ALL_GATHER, self.psum, sent(ALL_GATHER, partial / g, g)))
-            else:
-                fwd.append(Collective(PSUM, self.psum, sent(PSUM, partial, g)))
-        for a in self.halo:  # each way: the neighbour's planes forward, their gradient back
-            planes = state.local_bytes / state.blocks[a] * self.halo_width(a)
-            both = (Collective(PPERMUTE, state.layout[a], planes),) * 2
-            fwd += both
-            bwd += both
-        if self.weight_split is not None and not self.psum and not self.gather and step.axes:
-            # column-parallel: the replicated input's gradient is summed over the new split
-            out_ax, _ = step.leaf.dense_axes
-            axes = self.weight_split[out_ax]
-            bwd.append(Collective(PSUM, axes, sent(PSUM, state.local_bytes, state.group(axes))))
-        bwd += weight_gradient(self, state)
-        return tuple(fwd), tuple(bwd)
+    def weight_gradient(self, state: State) -> tuple[Collective, ...]:
+        """The collectives of the weight's gradient: an all-reduce over the devices that
+        hold the same piece of it but different data, and, for a weight along a padded
+        axis (kept whole there: a sharding must divide the array), the gather of its
+        gradient's pieces."""
+        spec = self.weight_spec(state)
+        if spec is None:
+            return ()
+        leaf = self.step.leaf
+        first = self.step.axes[0] if self.step.axes else 0
+        padded = {first + a for a in leaf.param_axes if a is not None and state.padded(first + a)}
+        along_padded = tuple(n for w, axes in enumerate(spec) for n in axes
+                             if leaf.param_axes[w] is not None and first + leaf.param_axes[w] in padded)
+        held = tuple(n for axes in spec for n in axes)
+        piece = self._weight_bytes() / state.group(held)
+        replicas = tuple(n for n in state.varying if n not in held)
+        out = ()
+        if state.group(replicas) > 1:
+            out += (Collective(PSUM, replicas, sent(PSUM, piece, state.group(replicas))),)
+        if along_padded:
+            out += (Collective(ALL_GATHER, along_padded, sent(ALL_GATHER, piece, state.group(along_padded))),)
+        return out
 
-    def transpose(self, before: State) -> tuple["Action", ...]:
-        """The actions of the adjoint step (from this action's output back to `before`):
-        a `Reduce`'s psum becomes a broadcast and a split; a row-parallel `Matrix` a
-        column-parallel one, its `psum_scatter` an `all_gather`; and back."""
-        step, ws = self.step.transposed(), self.weight_split
-        if ws is None and self.psum:  # a Reduce's psum: broadcast, then split again
-            a = next(b for b, r in zip(self.step.axes, self.step.roles) if r is Role.REDUCE)
-            return Local(step), Split(self.psum, a, -before.sizes[a] % before.group(self.psum))
-        if ws is None:
-            return (Local(step, halo=self.halo),)
-        if self.gather:
-            return (Local(step, psum=self.gather, scatter=True, weight_split=ws),)
-        if self.scatter:
-            return (Local(step, gather=self.psum, weight_split=ws),)
-        if self.psum:
-            return (Local(step, weight_split=ws),)
-        out_ax, _ = self.step.leaf.dense_axes
-        return (Local(step, psum=ws[out_ax], weight_split=ws),)
+    def weight_bytes_held(self, state: State) -> float:
+        """The bytes of the weight one device holds where this step runs."""
+        spec = self.weight_spec(state)
+        if spec is None:
+            return 0.0
+        leaf = self.step.leaf
+        first = self.step.axes[0] if self.step.axes else 0
+        kept = tuple(n for w, axes in enumerate(spec) for n in axes
+                     if leaf.param_axes[w] is None or not state.padded(first + leaf.param_axes[w]))
+        return self._weight_bytes() / state.group(kept)
+
+    def _weight_bytes(self) -> float:
+        leaf = self.step.leaf
+        return math.prod(leaf.param_shape) * np.dtype(leaf.param_dtype).itemsize
+
+    def detail(self, before: State) -> str:
+        """What a plan's line says of this way of running the step, after its axes."""
+        return ""
 
     def describe(self, before: State) -> str:
-        where = f" on axis {self.step.axes[0]}" if len(self.step.axes) == 1 else (
-            f" on axes {self.step.axes}" if self.step.axes else "")
-        if self.halo:
-            where += ", halo exchange on axis " + ", ".join(f"{a} over {'+'.join(before.layout[a])}" for a in self.halo)
-        if self.weight_split is not None:
-            form = "row" if self.psum else "column"
-            axes = "+".join(n for part in self.weight_split for n in part)
-            where += f", {form}-parallel: weight split over {axes}"
+        axes = self.step.axes
+        where = f" on axis {axes[0]}" if len(axes) == 1 else f" on axes {axes}" if axes else ""
         after = self.after(before)
         moved = f"   -> {spec_of(after)}" if after != before.layout else ""
-        return f"{self.step.label()}{where}{traffic_text(*self.collectives(before))}{moved}"
+        return f"{self.step.label()}{where}{self.detail(before)}{traffic_text(*self.collectives(before))}{moved}"
+
+    @staticmethod
+    def candidates(step: Step, here: State, shard_weights: bool | str) -> Iterator["StepAction"]:
+        """The ways `step` can run from `here`: a chain's barrier where the layout is not
+        padded; a dense `Matrix` on its axis whole and unpadded (`Local` unless
+        `shard_weights` is True, `ColumnParallel` over each free mesh axis dividing its
+        rows if it is not False), or on its axis split (`RowParallel`, and
+        `RowParallelScatter` where the split divides its rows, if `shard_weights` is
+        not False); any other step where each axis it needs whole is whole and only its
+        `POINTWISE` and `REDUCE` axes are padded: `Local`, `ReducePsum` (a split
+        `REDUCE` axis), or `HaloExchange` (a split `HALO` axis whose blocks hold the
+        halo)."""
+        layout = here.layout
+        if step.barrier:
+            if not here.any_padded:
+                yield Local(step)
+            return
+        if step.dense:
+            a = step.axes[0]
+            if here.padded(a):
+                return
+            m = step.out_sizes[0]
+            out_ax, in_ax = step.leaf.dense_axes
+            parts = [()] * len(step.leaf.param_shape)
+            if not layout[a]:
+                if shard_weights is not True:
+                    yield Local(step)
+                if shard_weights:
+                    used = set(here.varying)
+                    for name, size in here.mesh:
+                        if name not in used and size > 1 and m % size == 0:
+                            parts[out_ax] = (name,)
+                            yield ColumnParallel(step, tuple(parts))
+                return
+            if not shard_weights:
+                return
+            parts[in_ax] = layout[a]
+            yield RowParallel(step, tuple(parts), layout[a])
+            if m % here.split(a) == 0:
+                yield RowParallelScatter(step, tuple(parts), layout[a])
+            return
+        psum, halo = (), ()
+        for a, role in zip(step.axes, step.roles):
+            if role is Role.LOCAL and layout[a]:
+                return
+            if role not in (Role.POINTWISE, Role.REDUCE) and here.padded(a):
+                return
+            if role is Role.REDUCE:
+                psum += layout[a]
+            if role is Role.HALO and layout[a] and halo_width(step, a) > 0:  # a kernel 1 wide: no neighbours
+                halo += (a,)
+        if psum and halo:
+            return  # no action sums and exchanges halos at once: one of the axes moves first
+        if psum:
+            yield ReducePsum(step, psum)
+        elif halo:
+            if all(halo_width(step, a) <= here.blocks[a] for a in halo):  # the neighbours hold the planes
+                yield HaloExchange(step, halo)
+        else:
+            yield Local(step)
 
 
-def weight_gradient(action: Local, state: State) -> list[Collective]:
-    """The collectives of the weight's gradient where `action` uses it: an all-reduce over
-    the devices that hold the same piece of it but different data, and, for a weight
-    along a padded axis (kept whole there: a sharding must divide the array), the
-    gather of its gradient's pieces."""
-    spec = action.weight_spec(state)
-    if spec is None:
-        return []
-    leaf = action.step.leaf
-    first = action.step.axes[0] if action.step.axes else 0
-    padded = {first + a for a in leaf.param_axes if a is not None and state.padded(first + a)}
-    along_padded = tuple(n for w, axes in enumerate(spec) for n in axes
-                         if leaf.param_axes[w] is not None and first + leaf.param_axes[w] in padded)
-    held = tuple(n for axes in spec for n in axes)
-    memory = math.prod(leaf.param_shape) * np.dtype(leaf.param_dtype).itemsize
-    piece = memory / state.group(held)
-    replicas = tuple(n for n in state.varying if n not in held)
-    out = []
-    if state.group(replicas) > 1:
-        out.append(Collective(PSUM, replicas, sent(PSUM, piece, state.group(replicas))))
-    if along_padded:
-        out.append(Collective(ALL_GATHER, along_padded, sent(ALL_GATHER, piece, state.group(along_padded))))
-    return out
+def runs_as_is(step: Step, here: State) -> bool:
+    """Whether `step` runs on each device's block without any collective (a chain's
+    barrier: where the layout is not padded, as one operator hands over to the next)."""
+    if step.barrier and here.any_padded:
+        return False
+    for a, role in zip(step.axes, step.roles):
+        if role is Role.LOCAL and here.layout[a]:
+            return False
+        if role in (Role.REDUCE, Role.HALO) and here.layout[a]:
+            return False
+        if role not in (Role.POINTWISE, Role.REDUCE) and here.padded(a):
+            return False
+    return True
 
 
-def weight_bytes_held(action: Local, state: State) -> float:
-    """The bytes of the weight one device holds where `action` uses it."""
-    spec = action.weight_spec(state)
-    if spec is None:
-        return 0.0
-    leaf = action.step.leaf
-    first = action.step.axes[0] if action.step.axes else 0
-    kept = tuple(n for w, axes in enumerate(spec) for n in axes
-                 if leaf.param_axes[w] is None or not state.padded(first + leaf.param_axes[w]))
-    return math.prod(leaf.param_shape) * np.dtype(leaf.param_dtype).itemsize / state.group(kept)
+def halo_width(step: Step, a: int) -> int:
+    """The planes a halo exchange brings to `step` from each neighbour along tensor axis `a`."""
+    return step.leaf.halo_width(a - step.axes[0])
+
+
+def _partial_sums(step: Step, state: State, a: int) -> float:
+    """The bytes of a step's block of partial sums along tensor axis `a`: the local
+    block with that axis at its output size."""
+    i = step.axes.index(a)
+    return state.local_bytes / state.blocks[a] * step.out_sizes[i] * step.out_dtype.itemsize / step.in_dtype.itemsize
+
+
+def _with(layout: Layout, a: int, axes: tuple[str, ...]) -> Layout:
+    """`layout` with tensor axis `a` split over `axes`."""
+    return tuple(axes if b == a else other for b, other in enumerate(layout))
+
+
+@dataclass(frozen=True)
+class Local(StepAction):
+    """The step alone on each block, no collective (each axis it needs whole is whole)."""
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        return (Local(self.step.transposed()),)
+
+
+@dataclass(frozen=True)
+class ReducePsum(StepAction):
+    """A `Reduce` over split tensor axes: a local sum, then a `psum` over `axes` (the
+    mesh axes that split them). Its transpose broadcasts, then splits again."""
+
+    axes: tuple[str, ...]
+
+    @property
+    def reduced(self) -> tuple[int, ...]:
+        """The tensor axes it sums over."""
+        return tuple(b for b, r in zip(self.step.axes, self.step.roles) if r is Role.REDUCE)
+
+    def after(self, state: State) -> Layout:
+        return tuple(() if a in self.reduced else axes for a, axes in enumerate(state.layout))
+
+    def forward(self, state: State) -> tuple[Collective, ...]:
+        partial = _partial_sums(self.step, state, self.reduced[0])
+        return (Collective(PSUM, self.axes, sent(PSUM, partial, state.group(self.axes))),)
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        a = self.reduced[0]
+        return Local(self.step.transposed()), Split(self.axes, a, -before.sizes[a] % before.group(self.axes))
+
+
+@dataclass(frozen=True)
+class HaloExchange(StepAction):
+    """A stencil on split tensor axes `axes`: first each block gets the neighbouring
+    planes from the neighbouring devices (a halo exchange: a `ppermute` each way)."""
+
+    axes: tuple[int, ...]
+
+    def halo_width(self, a: int) -> int:
+        """The planes the exchange brings from each neighbour along tensor axis `a`."""
+        return halo_width(self.step, a)
+
+    def forward(self, state: State) -> tuple[Collective, ...]:
+        out = ()
+        for a in self.axes:
+            planes = state.local_bytes / state.blocks[a] * self.halo_width(a)
+            out += (Collective(PPERMUTE, state.layout[a], planes),) * 2
+        return out
+
+    backward = forward  # the neighbours' planes forward, their gradients back
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        return (HaloExchange(self.step.transposed(), self.axes),)
+
+    def detail(self, before: State) -> str:
+        return ", halo exchange on axis " + ", ".join(f"{a} over {'+'.join(before.layout[a])}" for a in self.axes)
+
+
+@dataclass(frozen=True)
+class TensorParallel(StepAction):
+    """A dense `Matrix` with its weight split: `weight_split`, the mesh axes splitting
+    each weight axis."""
+
+    weight_split: tuple[tuple[str, ...], ...]
+    form: ClassVar[str]
+
+    @property
+    def axis(self) -> int:
+        """The tensor axis the `Matrix` runs on."""
+        return self.step.axes[0]
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        """The mesh axes splitting the weight's rows (its output axis)."""
+        return self.weight_split[self.step.leaf.dense_axes[0]]
+
+    def weight_spec(self, state: State) -> tuple[tuple[str, ...], ...]:
+        return self.weight_split
+
+    def detail(self, before: State) -> str:
+        return f", {self.form}-parallel: weight split over {'+'.join(n for part in self.weight_split for n in part)}"
+
+
+@dataclass(frozen=True)
+class ColumnParallel(TensorParallel):
+    """On its axis whole: free mesh axes split the weight's rows, and so the output
+    axis. Backward, the replicated input's gradient is summed over them."""
+
+    form = "column"
+
+    def after(self, state: State) -> Layout:
+        return _with(state.layout, self.axis, self.rows)
+
+    def backward(self, state: State) -> tuple[Collective, ...]:
+        return (Collective(PSUM, self.rows, sent(PSUM, state.local_bytes, state.group(self.rows))),)
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        return (RowParallel(self.step.transposed(), self.weight_split, self.rows),)
+
+
+@dataclass(frozen=True)
+class GatherColumnParallel(ColumnParallel):
+    """The transpose of `RowParallelScatter`: an `all_gather` of its split axis over
+    `axes` first, then column-parallel with its rows split over them. Backward, a
+    `psum_scatter`."""
+
+    axes: tuple[str, ...]
+
+    def forward(self, state: State) -> tuple[Collective, ...]:
+        g = state.group(self.axes)
+        return (Collective(ALL_GATHER, self.axes, sent(ALL_GATHER, state.local_bytes, g)),)
+
+    def backward(self, state: State) -> tuple[Collective, ...]:
+        g = state.group(self.axes)
+        return (Collective(PSUM_SCATTER, self.axes, sent(PSUM_SCATTER, state.local_bytes * g, g)),)
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        return (RowParallelScatter(self.step.transposed(), self.weight_split, self.axes),)
+
+
+@dataclass(frozen=True)
+class RowParallel(TensorParallel):
+    """On its axis split over `axes`: the weight's columns split the same way, local
+    partial products, then a `psum` over `axes` (the output replicated)."""
+
+    axes: tuple[str, ...]
+    form = "row"
+
+    def after(self, state: State) -> Layout:
+        return _with(state.layout, self.axis, ())
+
+    def forward(self, state: State) -> tuple[Collective, ...]:
+        partial = _partial_sums(self.step, state, self.axis)
+        return (Collective(PSUM, self.axes, sent(PSUM, partial, state.group(self.axes))),)
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        return (ColumnParallel(self.step.transposed(), self.weight_split),)
+
+
+@dataclass(frozen=True)
+class RowParallelScatter(RowParallel):
+    """Row-parallel with a `psum_scatter` over `axes` instead: the output split as the
+    input. Backward, an `all_gather`."""
+
+    def after(self, state: State) -> Layout:
+        return state.layout
+
+    def forward(self, state: State) -> tuple[Collective, ...]:
+        partial = _partial_sums(self.step, state, self.axis)
+        return (Collective(PSUM_SCATTER, self.axes, sent(PSUM_SCATTER, partial, state.group(self.axes))),)
+
+    def backward(self, state: State) -> tuple[Collective, ...]:
+        g = state.group(self.axes)
+        return (Collective(ALL_GATHER, self.axes, sent(ALL_GATHER, _partial_sums(self.step, state, self.axis) / g, g)),)
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        return (GatherColumnParallel(self.step.transposed(), self.weight_split, self.axes),)
 
 
 @dataclass(frozen=True)
@@ -241,6 +449,27 @@ class AllToAll:
     dst: int
     pad: int = 0
     crop: int = 0
+
+    @staticmethod
+    def candidates(here: State) -> Iterator["AllToAll"]:
+        """Every move from `here`: the minor mesh axes of a split axis (all of them for a
+        padded one, which is cropped) onto any other axis they divide, or may pad
+        (`layout.pads`)."""
+        layout = here.layout
+        for src, axes in enumerate(layout):
+            padded = here.padded(src) if axes else False
+            for k in range(1, len(axes) + 1):
+                if padded and k < len(axes):
+                    continue  # a padded axis gives up its whole split, and is cropped
+                moved = axes[-k:]
+                g = here.group(moved)
+                for dst, n in enumerate(here.sizes):
+                    if dst == src:
+                        continue
+                    pad = -n % (here.splits[dst] * g)
+                    if pad and not pads(n, here.splits[dst] * g, layout[dst]):
+                        continue
+                    yield AllToAll(moved, src, dst, pad, here.sizes[src] if padded and k == len(axes) else 0)
 
     def after(self, state: State) -> Layout:
         k = len(self.axes)
@@ -275,6 +504,20 @@ class Split:
     axes: tuple[str, ...]
     dst: int
     pad: int = 0
+
+    @staticmethod
+    def candidates(here: State) -> Iterator["Split"]:
+        """Every split from `here`: each free mesh axis onto any tensor axis it divides, or
+        may pad (`layout.pads`)."""
+        used = set(here.varying)
+        for name, size in here.mesh:
+            if name in used or size == 1:
+                continue
+            for dst, n in enumerate(here.sizes):
+                pad = -n % (here.splits[dst] * size)
+                if pad and not pads(n, here.splits[dst] * size, here.layout[dst]):
+                    continue
+                yield Split((name,), dst, pad)
 
     def after(self, state: State) -> Layout:
         return tuple(axes + self.axes if a == self.dst else axes for a, axes in enumerate(state.layout))
@@ -339,4 +582,43 @@ class Branch:
         return f"sum of {len(self.terms)} terms:"
 
 
-Action = Union[Local, AllToAll, Split, Gather, Branch]
+@dataclass(frozen=True)
+class Enter:
+    """Marker in a search's route: the sum `step` starts (its first term follows)."""
+
+    step: Step
+
+
+@dataclass(frozen=True)
+class NextTerm:
+    """Marker in a search's route: the next term of the sum starts, from the sum's entry layout."""
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Marker in a search's route: the sum ends."""
+
+
+def fold(items: list) -> tuple["Action", ...]:
+    """A route's actions and sum markers as actions with `Branch`es."""
+    out: list = []
+    stack: list = []
+    for item in items:
+        if isinstance(item, Enter):
+            stack.append((out, item.step, []))
+            out = []
+        elif isinstance(item, NextTerm):
+            stack[-1][2].append(tuple(out))
+            out = []
+        elif isinstance(item, Exit):
+            outer, step, terms = stack.pop()
+            outer.append(Branch(step, tuple(terms) + (tuple(out),)))
+            out = outer
+        else:
+            out.append(item)
+    return tuple(out)
+
+
+Action = Union[StepAction, AllToAll, Split, Gather, Branch]
+ACTIONS = (Local, ReducePsum, HaloExchange, ColumnParallel, GatherColumnParallel, RowParallel, RowParallelScatter,
+           AllToAll, Split, Gather, Branch)  # every kind of action, as a plan's JSON names them

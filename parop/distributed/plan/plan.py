@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec
 from ... import _dtypes
 from ...operator import Operator
 from ..layout import Layout, spec_of
-from .actions import Action, AllToAll, Branch, Gather, Local, Split, State
+from .actions import ACTIONS, Action, Branch, State, StepAction
 from .cost import KINDS, Collective, CostModel, fmt_bytes
 from .program import Program, Slot, Step
 
@@ -43,7 +43,7 @@ def replay(actions: tuple[Action, ...], state: State) -> tuple[tuple[Visit, ...]
             state = replace(terms[0][1], sizes=_after_step(action.step, state).sizes)
             continue
         visits.append(Visit(action, state))
-        if isinstance(action, Local):
+        if isinstance(action, StepAction):
             state = replace(_after_step(action.step, state), layout=action.after(state))
         else:
             state = replace(state, layout=action.after(state))
@@ -72,7 +72,7 @@ def weight_uses(visits: tuple[Visit, ...]) -> dict[str, list]:
     """`{name: each distinct split of the weight where a step uses it, in order}`."""
     placements: dict = {}
     for visit in walk(visits):
-        if isinstance(visit.action, Local):
+        if isinstance(visit.action, StepAction):
             spec = visit.action.weight_spec(visit.before)
             if spec is not None and spec not in placements.setdefault(visit.action.step.leaf.name, []):
                 placements[visit.action.step.leaf.name].append(spec)
@@ -265,7 +265,7 @@ def transpose_from(actions: tuple[Action, ...], state: State) -> tuple[Action, .
 
 # -- JSON ----------------------------------------------------------------------------------
 
-_DATACLASSES = {cls.__name__: cls for cls in (Local, AllToAll, Split, Gather, Branch, Step, Program, Slot, CostModel)}
+_DATACLASSES = {cls.__name__: cls for cls in (*ACTIONS, Step, Program, Slot, CostModel)}
 
 
 def _path(cls: type) -> str:

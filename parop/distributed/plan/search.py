@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from ...operators import Role
-from ..layout import Layout
-from .actions import Action, AllToAll, Branch, Local, Split, State, weight_bytes_held
+from ..layout import Layout, layouts, pads
+from .actions import AllToAll, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, runs_as_is
 from .cost import CostModel
 from .goal import Goal
 from .program import Program, Step
@@ -38,23 +38,6 @@ MAX_STATES = 200_000
 
 class PlanningError(ValueError):
     """No plan exists, or the search gave up."""
-
-
-@dataclass(frozen=True)
-class Enter:
-    """Marker in a route: the sum `step` starts (its first term follows)."""
-
-    step: object
-
-
-@dataclass(frozen=True)
-class NextTerm:
-    """Marker in a route: the next term of the sum starts, from the sum's entry layout."""
-
-
-@dataclass(frozen=True)
-class Exit:
-    """Marker in a route: the sum ends."""
 
 
 class Context:
@@ -410,7 +393,7 @@ class Search:
         return self.context(parent.steps[j].terms[k], parent.sizes(before), parent.itemsize(before))
 
     def price(self, action, here: State) -> Cost:
-        held = weight_bytes_held(action, here) if isinstance(action, Local) else 0.0
+        held = action.weight_bytes_held(here) if isinstance(action, StepAction) else 0.0
         return self.cost.price(*action.collectives(here)) + (held,)
 
     # -- the search ----------------------------------------------------------------------
@@ -432,7 +415,7 @@ class Search:
             return self.chain(root, entries[0], goal)
         for cost, state, back, _ in self.explore(root, entries, goal, after):
             if state is not None:
-                return cost, _fold(_route(back, state))
+                return cost, fold(_route(back, state))
         raise PlanningError("no plan exists")
 
     def explore(self, root: Context, entries: list, goal: Goal, after: bool = False,
@@ -656,7 +639,7 @@ class Search:
                 for j in ctx.ready(done):
                     step = ctx.steps[j]
                     if (step.terms or step.weighted or ctx.factors[j] > 1 or not self.keeps_padding(step)
-                            or not self.runs_as_is(step, self.node(ctx, done, lay).here)):
+                            or not runs_as_is(step, self.node(ctx, done, lay).here)):
                         continue
                     taken.append(Local(step))
                     done |= 1 << j
@@ -672,21 +655,6 @@ class Search:
         it too (so running it early never rules out a move)."""
         return all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
                    for q in self.split_counts)
-
-    @staticmethod
-    def runs_as_is(step, here: State) -> bool:
-        """Whether `step` runs on each device's block without any collective (a chain's
-        barrier: where the layout is not padded, as one operator hands over to the next)."""
-        if step.barrier and here.any_padded:
-            return False
-        for a, role in zip(step.axes, step.roles):
-            if role is Role.LOCAL and here.layout[a]:
-                return False
-            if role in (Role.REDUCE, Role.HALO) and here.layout[a]:
-                return False
-            if role not in (Role.POINTWISE, Role.REDUCE) and here.padded(a):
-                return False
-        return True
 
     def hand_over(self, state):
         """A sum's term has run to its exit: the next term starts from the entry layout, or
@@ -733,90 +701,16 @@ class Search:
                 continue
             for action in self.forms(step, here):
                 moves.append((action, done | 1 << j, self.intern(action.after(here)), self.price(action, here)))
-        for action in itertools.chain(self.all_to_alls(here), self.splits(here)):
+        for action in itertools.chain(AllToAll.candidates(here), Split.candidates(here)):
             moves.append((action, done, self.intern(action.after(here)), self.price(action, here)))
         node.moves, node.sums = moves, tuple(sums)
 
-    def forms(self, step, here: State) -> Iterator[Local]:
+    def forms(self, step, here: State) -> Iterator[StepAction]:
         """The ways `step` can run from `here` (with its weight where it is pinned)."""
         pinned = self.pinned.get(step.leaf.name) if step.weighted else None
-        for action in self._forms(step, here):
+        for action in StepAction.candidates(step, here, self.shard_weights):
             if pinned is None or action.weight_spec(here) == pinned:
                 yield action
-
-    def _forms(self, step, here: State) -> Iterator[Local]:
-        layout = here.layout
-        if step.barrier:
-            if not here.any_padded:
-                yield Local(step)
-            return
-        if step.dense:
-            a = step.axes[0]
-            if here.padded(a):
-                return
-            m = step.out_sizes[0]
-            out_ax, in_ax = step.leaf.dense_axes
-            parts = [()] * len(step.leaf.param_shape)
-            if not layout[a]:
-                if self.shard_weights is not True:
-                    yield Local(step)
-                if self.shard_weights:
-                    used = set(here.varying)
-                    for name, size in self.mesh:
-                        if name not in used and size > 1 and m % size == 0:
-                            parts[out_ax] = (name,)
-                            yield Local(step, weight_split=tuple(parts))
-                return
-            if not self.shard_weights:
-                return
-            parts[in_ax] = layout[a]
-            split = tuple(parts)
-            yield Local(step, psum=layout[a], weight_split=split)
-            if m % here.split(a) == 0:
-                yield Local(step, psum=layout[a], scatter=True, weight_split=split)
-            return
-        psum, halo = (), ()
-        for a, role in zip(step.axes, step.roles):
-            if role is Role.LOCAL and layout[a]:
-                return
-            if role not in (Role.POINTWISE, Role.REDUCE) and here.padded(a):
-                return
-            if role is Role.REDUCE:
-                psum += layout[a]
-            if role is Role.HALO and layout[a]:
-                halo += (a,)
-        halo = tuple(a for a in halo if Local(step).halo_width(a) > 0)  # a kernel 1 wide: no neighbours
-        action = Local(step, psum=psum, halo=halo)
-        if all(action.halo_width(a) <= here.blocks[a] for a in halo):  # the neighbours hold the planes
-            yield action
-
-    def all_to_alls(self, here: State) -> Iterator[AllToAll]:
-        layout = here.layout
-        for src, axes in enumerate(layout):
-            padded = here.padded(src) if axes else False
-            for k in range(1, len(axes) + 1):
-                if padded and k < len(axes):
-                    continue  # a padded axis gives up its whole split, and is cropped
-                moved = axes[-k:]
-                g = here.group(moved)
-                for dst, n in enumerate(here.sizes):
-                    if dst == src:
-                        continue
-                    pad = -n % (here.splits[dst] * g)
-                    if pad and not pads(n, here.splits[dst] * g, layout[dst]):
-                        continue
-                    yield AllToAll(moved, src, dst, pad, here.sizes[src] if padded and k == len(axes) else 0)
-
-    def splits(self, here: State) -> Iterator[Split]:
-        used = set(here.varying)
-        for name, size in self.mesh:
-            if name in used or size == 1:
-                continue
-            for dst, n in enumerate(here.sizes):
-                pad = -n % (here.splits[dst] * size)
-                if pad and not pads(n, here.splits[dst] * size, here.layout[dst]):
-                    continue
-                yield Split((name,), dst, pad)
 
     # -- the lower bound -----------------------------------------------------------------
     def exit_goal(self, lay: Interned | None) -> Goal | None:
@@ -1047,27 +941,6 @@ class Search:
         return total
 
 
-def layouts(sizes: tuple[int, ...], mesh: list[tuple[str, int]]) -> list[Layout]:
-    """Every layout of a tensor of `sizes` that splits it evenly over exactly the mesh axes
-    `mesh` (`(name, size)`), in every order."""
-    found = []
-
-    def place(layout: list, rest: list) -> None:
-        if not rest:
-            found.append(tuple(layout))
-            return
-        for k, (name, size) in enumerate(rest):
-            for a, n in enumerate(sizes):
-                split = math.prod(dict(mesh)[m] for m in layout[a]) * size
-                if n % split == 0:
-                    layout[a] = layout[a] + (name,)
-                    place(layout, rest[:k] + rest[k + 1:])
-                    layout[a] = layout[a][:-1]
-
-    place([() for _ in sizes], list(mesh))
-    return list(dict.fromkeys(found))
-
-
 def _matching(edges: dict) -> dict:
     """A maximum matching of a small bipartite graph (`edges[b]`: the `a`s `b` may pair
     with), as `{b: a}` (augmenting paths)."""
@@ -1088,13 +961,6 @@ def _matching(edges: dict) -> dict:
     return pair
 
 
-def pads(n: int, split: int, axes: tuple) -> bool:
-    """Whether an axis of size `n`, split over `axes` now, may take a split into `split`
-    pieces by padding with zeros: only a whole axis, to less than twice its size (every
-    device but the last holds data)."""
-    return not axes and -n % split < n
-
-
 def _route(back: dict, state) -> list:
     """The edges (and the forced actions after each) from the start to `state`, in order."""
     items = []
@@ -1106,23 +972,3 @@ def _route(back: dict, state) -> list:
         state, edge = previous
         items.extend(reversed(edge))
     return items[::-1]
-
-
-def _fold(items: list) -> tuple[Action, ...]:
-    """Actions and sum markers as actions with `Branch`es."""
-    out: list = []
-    stack: list = []
-    for item in items:
-        if isinstance(item, Enter):
-            stack.append((out, item.step, []))
-            out = []
-        elif isinstance(item, NextTerm):
-            stack[-1][2].append(tuple(out))
-            out = []
-        elif isinstance(item, Exit):
-            outer, step, terms = stack.pop()
-            outer.append(Branch(step, tuple(terms) + (tuple(out),)))
-            out = outer
-        else:
-            out.append(item)
-    return tuple(out)
