@@ -6,7 +6,8 @@ records the mesh, the states the search expanded and the seconds `po.distribute`
 `jax.sharding.AbstractMesh` (planning needs only the mesh's shape). Targets: every
 single operator under 1 s, the Darcy protocol's FNO network on (2, 1, 2, 2) under 2 s,
 whole FNO chains (issue 20: 1-D to 4-D, with or without `local_kernel`, up to 512
-devices) under 1 s.
+devices, at the reference batch size and at another one with the weights pinned)
+under 1 s.
 """
 
 from __future__ import annotations
@@ -74,10 +75,27 @@ def planning_rows(quick: bool) -> list[dict]:
         for partition in [(1, 1, 4, 4, 4, 1), (1, 1, 8, 8, 4, 1), (1, 1, 8, 8, 8, 1)]:
             networks.append(("4-D FNO chain (dfno's): batch 1, 512²×256×32, width 20, modes (32, 32, 16, 8), 4 layers",
                              dfno, 1, partition, 1.0))
-    for label, model, batch, partition, limit in networks:
+        networks.append(("1-D FNO chain: batch 2, 64, width 8, modes 16, 8 layers",
+                         FNO((64,), width=8, modes=(16,), layers=8), 2, (2, 1, 4), 1.0))
+        networks.append(("2-D FNO chain: batch 2, 32², width 8, modes 8², 8 layers",
+                         FNO((32, 32), width=8, modes=(8, 8), layers=8), 2, (2, 1, 2, 2), 1.0))
+    # another batch size than the reference (a partial last batch): planned with every weight pinned
+    # where the reference batch's plan put it; only that plan is timed
+    again = [] if quick else [
+        ("3-D FNO chain at batch 4, weights pinned by batch 1: 16³, width 8, modes 4³, 4 layers",
+         FNO((16, 16, 16), width=8, modes=(4, 4, 4), layers=4), (1, 4), (1, 1, 2, 2, 2), 1.0),
+        ("2-D FNO chain at batch 4, weights pinned by batch 2: 32², width 8, modes 8², 8 layers",
+         FNO((32, 32), width=8, modes=(8, 8), layers=8), (2, 4), (2, 1, 2, 2), 1.0),
+        ("4-D FNO chain (dfno's) at batch 2, weights pinned by batch 1", dfno, (1, 2), (1, 1, 4, 4, 4, 1), 1.0)]
+    for label, model, batch, partition, limit in networks + again:
         spec, mesh = _abstract(partition)
+        reference, batch = batch if isinstance(batch, tuple) else (None, batch)
+        dist = None if reference is None else model.distribute(spec, mesh=mesh, batch=reference)
         start = time.perf_counter()
-        Ds = model.distribute(spec, mesh=mesh, batch=batch).operators(batch)  # batch: the reference, planned once
+        if dist is None:
+            Ds = model.distribute(spec, mesh=mesh, batch=batch).operators(batch)  # batch: the reference, planned once
+        else:
+            Ds = dist.operators(batch)
         seconds = time.perf_counter() - start
         rows.append({"operator": label, "partition": partition, "devices": mesh.size,
                      "states": Ds[0].plan.states_expanded, "seconds": seconds, "limit": limit})

@@ -311,6 +311,11 @@ def _steps(prog: Program) -> Iterator[Step]:
             yield from _steps(term)
 
 
+def _rename(layout: Layout, names: Mapping[str, str]) -> Layout:
+    """`layout` with each mesh axis `m` renamed `names[m]`."""
+    return tuple(tuple(names[m] for m in axes) for axes in layout)
+
+
 def _add(a: Cost, b: Cost) -> Cost:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
 
@@ -350,7 +355,7 @@ class Search:
         self.devices = math.prod(self.mesh_sizes.values())
         self.cost, self.shard_weights = cost, shard_weights
         self.exhaustive, self.max_states = exhaustive, max_states
-        self.expanded = 0
+        self._expanded = 0
         self.split_counts = {math.prod(c) for k in range(1, len(self.mesh) + 1)
                              for c in itertools.combinations(self.mesh_sizes.values(), k)}
         self._interned: dict = {}
@@ -366,6 +371,13 @@ class Search:
         self._exits: dict = {}
         self._rests: dict = {}
         self._canonical: dict = {}
+        self._pins: dict = {}
+        self._renamed: dict = {}  # renamed pins -> the search with them: the symmetry's searches
+
+    @property
+    def expanded(self) -> int:
+        """The states this search expanded, with those of its searches with renamed pins."""
+        return self._expanded + sum(s.expanded for s in self._renamed.values())
 
     # -- tables ------------------------------------------------------------------------------
     def intern(self, value) -> Interned:
@@ -454,8 +466,8 @@ class Search:
                     yield cost, state, back, heap
                     if not before:
                         continue
-            self.expanded += 1
-            if self.expanded > self.max_states:
+            self._expanded += 1
+            if self._expanded > self.max_states:
                 raise PlanningError(
                     f"the planner gave up after {self.max_states} states: the operator is too large to plan "
                     "exhaustively; distribute its parts separately or split fewer axes")
@@ -491,22 +503,26 @@ class Search:
         before = [root.before(i) for i in range(n)]
         progs = [root.prog.segment(i, root.sizes(before[i])) for i in range(n)]
         contexts = [self.context(p, p.shape, root.itemsize(before[i])) for i, p in enumerate(progs)]
-        kinds = [_structure(p, root.itemsize(before[i]), self.pinned) for i, p in enumerate(progs)]
         summing = [bool(root.psum_steps & root.segments[i]) for i in range(n)]
-
-        # an operator between two others whose weights are not pinned costs the same between two
-        # layouts as between the same layouts with mesh axes of equal size swapped
-        free = [i < n - 1 and self.unpinned(p) for i, p in enumerate(progs)]
+        pins = [self.pins(p) for p in progs]
+        kinds: dict = {}  # (operator, its renamed pins) -> its structure with them
 
         def exits(i: int, lay: Interned) -> tuple[Exits, dict | None]:
-            """Operator i's exits from `lay`, and the renaming of mesh axes that gives them (None: none)."""
+            """Operator i's exits from `lay`, and the renaming of mesh axes that gives them (None: none).
+
+            An operator between two others costs the same between two layouts, with its weights
+            pinned, as between the same layouts with mesh axes of equal size swapped and its
+            weights pinned where the swap takes them: its exits are searched once per class."""
             ends = goal if i == n - 1 else Goal.any()
-            renamed = self.canonical(lay) if free[i] else (lay, None)
-            key = (kinds[i], renamed[0], ends, i > 0, i < n - 1)
+            renamed, names, moved = self.canonical(lay, pins[i]) if i < n - 1 else (lay, None, pins[i])
+            search = self.renamed(moved)
+            if (i, moved) not in kinds:
+                kinds[(i, moved)] = _structure(progs[i], root.itemsize(before[i]), search.pinned)
+            key = (kinds[(i, moved)], renamed, ends, i > 0, i < n - 1)
             found = self._exits.get(key)
             if found is None:
-                found = self._exits[key] = Exits(self.explore(contexts[i], [renamed[0].value], ends, *key[3:]))
-            return found, renamed[1]
+                found = self._exits[key] = Exits(search.explore(contexts[i], [renamed.value], ends, *key[3:]))
+            return found, names
 
         start = self.intern(entry)
         best, back = {(0, start): ZERO}, {}
@@ -523,8 +539,7 @@ class Search:
             elif k < len(exits(i, lay)[0].found):  # the k-th exit of operator i from `lay`
                 found, names = exits(i, lay)
                 step, out = found.found[k]
-                if names is not None:
-                    out = self.intern(tuple(tuple(names[m] for m in axes) for axes in out.value))
+                out = self.intern(out.value if names is None else _rename(out.value, names))
                 total = _add(cost, step)
                 if total < best.get((i + 1, out), INFINITE):
                     best[(i + 1, out)] = total
@@ -567,15 +582,31 @@ class Search:
             cost, actions = _add(cost, step), actions + route + barrier
         return cost, actions
 
-    def unpinned(self, prog: Program) -> bool:
-        """Whether none of `prog`'s weights is pinned (then swapping mesh axes of equal size
-        changes no cost)."""
-        return not any(step.weighted and step.leaf.name in self.pinned for step in _steps(prog))
+    def pins(self, prog: Program) -> tuple:
+        """`(name, layout)` of `prog`'s pinned weights, in order (memoised)."""
+        found = self._pins.get(id(prog))
+        if found is None:
+            names = dict.fromkeys(s.leaf.name for s in _steps(prog) if s.weighted and s.leaf.name in self.pinned)
+            found = self._pins[id(prog)] = (prog, tuple((name, self.pinned[name]) for name in names))
+        return found[1]
 
-    def canonical(self, lay: Interned) -> tuple[Interned, dict]:
-        """The least of `lay`'s layouts with mesh axes of equal size swapped, and the renaming
-        of mesh axes back to `lay`'s (memoised)."""
-        found = self._canonical.get(lay)
+    def renamed(self, pins: tuple) -> "Search":
+        """This search with the weights in `pins` (`(name, layout)`) pinned there instead
+        (itself if that changes nothing; memoised)."""
+        if all(self.pinned.get(name) == lay for name, lay in pins):
+            return self
+        found = self._renamed.get(pins)
+        if found is None:
+            found = self._renamed[pins] = Search(self.mesh_sizes, self.cost, self.shard_weights,
+                                                 max_states=self.max_states, pinned={**self.pinned, **dict(pins)})
+        return found
+
+    def canonical(self, lay: Interned, pins: tuple = ()) -> tuple[Interned, dict, tuple]:
+        """`(σ(lay), σ⁻¹, σ(pins))` for the renaming σ of mesh axes of equal size that gives
+        the least `(σ(pins), σ(lay))` (`pins`: `(name, layout)` of pinned weights): one
+        representative per class of (layout, pins) alike up to such a swap (memoised)."""
+        key = (lay, pins)
+        found = self._canonical.get(key)
         if found is None:
             groups = {}
             for name, size in self.mesh:
@@ -583,10 +614,11 @@ class Search:
             best = None
             for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
                 names = {a: b for g, order in zip(groups.values(), orders) for a, b in zip(g, order)}
-                candidate = tuple(tuple(names[m] for m in axes) for axes in lay.value)
+                candidate = (tuple((w, _rename(spec, names)) for w, spec in pins), _rename(lay.value, names))
                 if best is None or candidate < best[0]:
                     best = (candidate, {b: a for a, b in names.items()})
-            found = self._canonical[lay] = (self.intern(best[0]), best[1])
+            (moved, value), back = best
+            found = self._canonical[key] = (self.intern(value), back, moved)
         return found
 
     def rest(self, root: Context, i: int, lay: Interned, goal: Goal) -> float:
@@ -810,11 +842,14 @@ class Search:
             alike = (_structure(prog, ctx.itemsize(before), self.pinned), used, goal)
             if alike not in self._entry_bounds:
                 entries = layouts(ctx.sizes(before), [(n, s) for n, s in self.mesh if n in used])
-                if goal is Goal.any() and self.unpinned(prog):
-                    # layouts alike up to swapping mesh axes of equal size cost alike: one of each
-                    entries = list(dict.fromkeys(self.canonical(self.intern(e))[0].value for e in entries))
+                pins = self.pins(prog)
+                if goal is Goal.any() and entries:
+                    # layouts alike up to swapping mesh axes of equal size (and the pins with them) cost
+                    # alike: one of each, with the pins where the swap takes them (the same swap for all)
+                    canon = [self.canonical(self.intern(e), pins) for e in entries]
+                    entries, pins = list(dict.fromkeys(c[0].value for c in canon)), canon[0][2]
                 search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
-                                pinned=self.pinned)
+                                pinned={**self.pinned, **dict(pins)})
                 try:
                     self._entry_bounds[alike] = search.run(prog, entries, goal, ctx.itemsize(before))[0][0]
                 except PlanningError:
