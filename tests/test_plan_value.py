@@ -157,3 +157,21 @@ def test_the_fno_plans_every_batch_size_with_its_reference_placements():
     assert dist.weights["spectral0"] != P()
     four = {name: spec for D in dist.operators(4) for name, spec in D.plan.weight_placements.items()}
     assert four == dist.weights
+
+
+def test_a_model_keeps_its_operators_for_a_bounded_number_of_batch_sizes(monkeypatch):
+    """The model's one cache keeps the most recently used batch sizes (a new one is
+    planned again if dropped: the same plans) and always the reference batch size."""
+    import parop.nn.fno as fno_module
+
+    monkeypatch.setattr(fno_module, "BATCH_SIZES_KEPT", 2)
+    model = FNO((8,), width=2, modes=(4,), layers=1, projection=2, dtype=jnp.float64)
+    for b in (1, 2, 3, 4):
+        model.operators(b)
+    assert list(model._batches) == [3, 4]
+    dist = model.distribute((2, 1, 2), batch=2)
+    first = [D.plan for D in dist.operators(4)]
+    for b in (6, 8, 10):
+        dist.operators(b)
+    assert sorted(dist._batches) == [2, 8, 10]
+    assert [D.plan for D in dist.operators(4)] == first

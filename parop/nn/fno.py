@@ -9,13 +9,16 @@ operator over a device mesh, the whole network planned at once
 ones that minimise the cost of a training step.
 
 The model has no batch size: its operators are built for each batch size it meets
-(a leading `Identity(batch)` factor) and kept, and a distributed model plans each batch
-size once, every weight where the plan of its reference batch size puts it.
+(a leading `Identity(batch)` factor) and kept (the `BATCH_SIZES_KEPT` most recently
+used, and a distributed model's reference batch size always), and a distributed model
+plans each batch size once, every weight where the plan of its reference batch size puts
+it.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from functools import cached_property, lru_cache
 from typing import Any, Sequence
 
@@ -31,6 +34,8 @@ from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restr
 from ..params import name_key
 
 Params = dict[str, jax.Array]
+
+BATCH_SIZES_KEPT = 8  # batch sizes whose operators (and plans) a model keeps, most recently used first
 
 
 def largest_modes(grid: Sequence[int]) -> tuple[int, ...]:
@@ -144,7 +149,8 @@ class FNO:
         self.n_layers, self.in_channels, self.out_channels = layers, in_channels, out_channels
         self.projection, self.dtype, self.local_kernel = projection, dtype, local_kernel
         self.remat = remat
-        self._operators: dict[int, list[Operator]] = {}
+        self._batches: OrderedDict[int, dict[str, Any]] = OrderedDict()  # batch size -> what was built for it
+        self._kept_always: int | None = None  # a batch size never dropped (a distributed model's reference)
 
     def _rebuild(self, cls, **extra):
         """The same network as an instance of `cls`."""
@@ -156,9 +162,22 @@ class FNO:
     def operators(self, batch: int) -> list[Operator]:
         """The network's operators for inputs of `batch` samples: lifting, the Fourier
         layers, the two projections (built once per batch size)."""
-        if batch not in self._operators:
-            self._operators[batch] = self._build(batch)
-        return self._operators[batch]
+        return self._for_batch(batch, "operators", lambda: self._build(batch))
+
+    def _for_batch(self, batch: int, what: str, make):
+        """`what` for `batch` samples, made by `make()` the first time: the model's one
+        cache, bounded to the `BATCH_SIZES_KEPT` batch sizes most recently used (an
+        `evaluate` with a partial last batch adds one) and the one kept always."""
+        entry = self._batches.get(batch)
+        if entry is None:
+            entry = self._batches[batch] = {}
+            others = [b for b in self._batches if b != self._kept_always]  # least recently used first
+            for b in others[:max(0, len(others) - BATCH_SIZES_KEPT)]:
+                del self._batches[b]
+        self._batches.move_to_end(batch)
+        if what not in entry:
+            entry[what] = make()
+        return entry[what]
 
     def _build(self, b: int) -> list[Operator]:
         g, w, d = self.grid, self.width, self.dtype
@@ -367,9 +386,9 @@ class DistributedFNO(FNO):
         # The reference batch, planned now: its weight placements (a value) are where every
         # other batch size's plan keeps them.
         reference = self._chain(self.reference_batch, partition, mesh, cost, None)
-        self._operators[self.reference_batch] = reference
+        self._kept_always = self.reference_batch
+        self._for_batch(self.reference_batch, "operators", lambda: reference)
         self.weights = {name: spec for D in reference for name, spec in D.plan.weight_placements.items()}
-        self._moves: dict = {}  # the remat projection's repartitions, one per batch size
 
     def _chain(self, b: int, partition, mesh, cost, weights) -> list[DistributedOperator]:
         """The network for `b` samples, planned as a whole with the weights named in
@@ -379,19 +398,19 @@ class DistributedFNO(FNO):
 
     @property
     def mesh(self) -> Mesh:
-        return self._operators[self.reference_batch][0].mesh
+        return self.operators(self.reference_batch)[0].mesh
 
     @property
     def in_sharding(self) -> NamedSharding:
         """Where the model wants its input `a` (and the targets, for the loss)."""
-        return self._operators[self.reference_batch][0].in_sharding
+        return self.operators(self.reference_batch)[0].in_sharding
 
     def _build(self, b: int) -> list[DistributedOperator]:
         split = self._sample_batch
         if b % split:
             raise ValueError(f"FNO.distribute: a batch of {b} samples cannot be split in {split} (the partition's "
                              f"batch entry): use a multiple of {split}")
-        first = self._operators[self.reference_batch][0]
+        first = self.operators(self.reference_batch)[0]
         return self._chain(b, first.in_sharding.spec, first.mesh, first.cost, self.weights)
 
     def _blocked_projection(self, θ: Params, h: jax.Array) -> jax.Array:
@@ -422,15 +441,14 @@ class DistributedFNO(FNO):
         start, end = ops[-2].in_sharding.spec, ops[-1].out_sharding.spec
         if ops[-2].plan.in_layout == ops[-1].plan.out_layout:
             return None
-        if batch not in self._moves:  # start and end are those of this batch size's plans
-            identity = kron(*(Identity(n) for n in ops[-1].range_shape))
-            self._moves[batch] = distribute(identity, start, mesh=self.mesh, out_partition=end, cost=ops[0].cost)
-        return self._moves[batch]
+        identity = kron(*(Identity(n) for n in ops[-1].range_shape))  # start and end: this batch size's plans
+        return self._for_batch(batch, "projection_move", lambda: distribute(
+            identity, start, mesh=self.mesh, out_partition=end, cost=ops[0].cost))
 
     def param_shardings(self) -> dict[str, NamedSharding]:
         """Where each parameter lives: where the plan of the reference batch size places
         it, for every batch size."""
-        ops = self._operators[self.reference_batch]
+        ops = self.operators(self.reference_batch)
         shardings: dict[str, NamedSharding] = {}
         for op in ops:
             shardings.update(op.param_shardings())
