@@ -30,7 +30,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 import parop as po
 from conftest import LONG
 from parop.distributed.plan.plan import walk
-from reference import applied, pairing, random_array, random_params, random_tree
+from reference import applied, pairing, random_array, random_params, random_tree, serial_results
 
 pytestmark = pytest.mark.properties  # the long pass selects them with `-m "long or properties"`
 
@@ -176,16 +176,6 @@ def assert_equals_serial(D, op, seed: int, rng, batch: tuple[int, ...] = (), fla
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
         assert g.shape == r.shape and g.dtype == r.dtype
         close(g, r, scale_of(r))
-
-
-@jax.jit
-def serial_results(op, θ, x, c):
-    """The serial operator's forward on `x`, and on `c` its adjoint, JAX's transpose of it
-    and the gradients of `Re<c, op(θ) x>`, as one program (eagerly, each operation would
-    compile on its own)."""
-    (transpose,) = jax.linear_transpose(lambda v: op(θ) @ v, x)(c)
-    return {"forward": op(θ) @ x, "adjoint": op.H(θ) @ c, "transpose": transpose,
-            "grads": jax.grad(lambda θ, x: pairing(c, op(θ) @ x), argnums=(0, 1))(θ, x)}
 
 
 FREE_AXIS_MESHES = {kind: jax.make_mesh((2, 4), ("a", "b"), axis_types=(kind,) * 2)
