@@ -43,7 +43,7 @@ def _group(grid, width, modes, batch, partition, layers) -> Group:
     optimizer = optax.adam(1e-3)
 
     def parop_step(m):
-        θm = m.init(jax.random.key(0))
+        θm = jax.device_put(θ, m.param_shardings()) if m.distributed else θ  # m.init(key), placed as it places them
         step = adam_step(lambda θ, x, y: relative_l2(m.apply(θ, x), y), optimizer, θm)
         θr = as_real(θm)
         state = optimizer.init(θr)

@@ -38,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 N_DEVICES = 8  # _harness.N_DEVICES, needed here before jax (and _harness) is imported
 TIMING = {  # run_group's settings: seconds of timing per group, rounds at least and at most
-    True: {"budget_s": 0.5, "min_rounds": 5, "max_rounds": 50},
+    True: {"budget_s": 0.05, "min_rounds": 3, "max_rounds": 10},  # --quick: that timing works, not the numbers
     False: {"budget_s": 20.0, "min_rounds": 21, "max_rounds": 500},
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -60,15 +61,32 @@ def dot_test(A: Operator, θ: Params | None = None, key: jax.Array | None = None
     True
     ```
     """
-    return float(_mismatch(A, θ, jax.random.key(0) if key is None else key, tuple(batch_shape)))
+    kx, ky = jax.random.split(jax.random.key(0) if key is None else key)
+    batch_shape = tuple(batch_shape)
+    x = _normal_at_least(kx, A.domain_size * math.prod(batch_shape), A.dtype)
+    y = _normal_at_least(ky, A.range_size * math.prod(batch_shape), A.range_dtype)
+    return float(_mismatch(A, θ, x, y, batch_shape))
 
 
-@functools.partial(jax.jit, static_argnums=3)
-def _mismatch(A: Operator, θ: Params | None, key: jax.Array, batch_shape: tuple[int, ...]) -> jax.Array:
-    """`dot_test`'s mismatch as one program (not a compile per operation)."""
-    kx, ky = jax.random.split(key)
-    x = random(kx, A.domain_shape + batch_shape, A.dtype)
-    y = random(ky, A.range_shape + batch_shape, A.range_dtype)
+def _normal_at_least(key: jax.Array, size: int, dtype) -> jax.Array:
+    """At least `size` standard normal values: the next power of two of them, so that
+    `jax.random`'s program (most of a small dot test's compile time) is compiled once
+    per power of two and dtype, not once per operator."""
+    return _normal(key, 1 << max(size - 1, 0).bit_length(), np.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _normal(key: jax.Array, size: int, dtype: np.dtype) -> jax.Array:
+    return jax.random.normal(key, (size,), dtype)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _mismatch(A: Operator, θ: Params | None, x: jax.Array, y: jax.Array,
+              batch_shape: tuple[int, ...]) -> jax.Array:
+    """`dot_test`'s mismatch as one program (not a compile per operation), `x` and `y`
+    the first values of the random vectors given."""
+    x = x[:A.domain_size * math.prod(batch_shape)].reshape(A.domain_shape + batch_shape)
+    y = y[:A.range_size * math.prod(batch_shape)].reshape(A.range_shape + batch_shape)
     lhs = _inner(A.apply(θ, x), y)
     rhs = _inner(x, A.H.apply(θ, y))
     if not (_dtypes.is_complex(A.dtype) and _dtypes.is_complex(A.range_dtype)):

@@ -174,6 +174,16 @@ def applied(A: po.Operator, θ, x) -> jax.Array:
 
 
 @jax.jit
+def serial_results(op: po.Operator, θ, x, c) -> dict:
+    """The serial operator's forward on `x`, and on `c` its adjoint, JAX's transpose of it
+    and the gradients of `Re<c, op(θ) x>` in θ and `x`, as one program: what a
+    distributed operator is compared with."""
+    (transpose,) = jax.linear_transpose(lambda v: op(θ) @ v, x)(c)
+    return {"forward": op(θ) @ x, "adjoint": op.H(θ) @ c, "transpose": transpose,
+            "grads": jax.grad(lambda θ, x: pairing(c, op(θ) @ x), argnums=(0, 1))(θ, x)}
+
+
+@jax.jit
 def apply_dense(op: po.Operator, θ, x) -> jax.Array:
     """`op` applied to a tensor `x` (domain_shape + batch) through its dense matrix."""
     batch = x.shape[op.ndim:]

@@ -30,7 +30,7 @@ with socket.socket() as s:
 procs = [subprocess.Popen(sys.argv[1:], env=dict(
     os.environ, SLURM_JOB_ID="1", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="{TASKS}",
     SLURM_PROCID=str(i), SLURM_LOCALID=str(i), JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{{port}}",
-    XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+    XLA_FLAGS="{worker_env(devices=4)["XLA_FLAGS"]}"))
     for i in range({TASKS})]
 while any(p.poll() is None for p in procs):
     failed = [p.returncode for p in procs if p.returncode not in (None, 0)]

@@ -38,58 +38,79 @@ def case_id(case):
     return f"{leaves(dtype)[i]!r}-{dtype}"
 
 
-@pytest.fixture(params=CASES, ids=[case_id(c) for c in CASES])
+@jax.jit
+def dense_both_ways(op, θ):
+    """parop's dense matrices of `op` and `op.H` and the reference's of `op`, as one
+    program (each small one compiles on its own, which is most of these tests' time)."""
+    return po.to_dense(op, θ), po.to_dense(op.H, θ), dense(op, θ)
+
+
+@jax.jit
+def leaf_outputs(op, θ, x, x1, c):
+    """What the leaf tests compare, parop's and the dense reference's, as one program per
+    leaf: `op` applied to `x` (`domain_shape + (2, 3)`) as a tensor, flattened and as one
+    vector, and the gradients of `Re<c, op(θ) x1>` in θ and `x1`."""
+    wide = lambda t: t.astype(jnp.complex128 if jnp.iscomplexobj(t) else jnp.float64)
+    grads = lambda apply, θ, x1: jax.grad(lambda θ, x1: pairing(c, apply(op, θ, x1)), argnums=(0, 1))(θ, x1)
+    return {
+        "dense": dense_both_ways(op, θ),
+        "tensor": op.apply(θ, x), "flat": op.apply(θ, x.reshape(op.domain_size, 6)),
+        "vector": op(θ) @ x[..., 0, 0].reshape(-1), "tensor reference": apply_dense(op, θ, x),
+        "grads": grads(lambda op, θ, x1: op.apply(θ, x1), θ, x1),
+        "grads reference": grads(apply_dense, jax.tree.map(wide, θ), wide(x1)),
+    }
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[case_id(c) for c in CASES])
 def leaf_case(request):
+    """A leaf, its parameters, the tensor its apply test applies it to, and `leaf_outputs`
+    (computed once for the four tests of a leaf)."""
     dtype, i = request.param
     op = leaves(dtype)[i]
-    return op, random_params(op)
+    θ = random_params(op)
+    x = random_array(np.random.default_rng(1), op.domain_shape + (2, 3), op.dtype)
+    rng = np.random.default_rng(2)
+    x1 = random_array(rng, op.domain_shape, op.dtype)
+    c = random_array(rng, op.range_shape, op.range_dtype)
+    return op, θ, x, jax.tree.map(np.asarray, leaf_outputs(op, θ, x, x1, c))
 
 
 def test_leaf_dense_matches_numpy(leaf_case):
-    op, θ = leaf_case
-    got = np.asarray(po.to_dense(op, θ))
-    want = np.asarray(dense(op, θ))
+    op, _, _, out = leaf_case
+    got, _, want = out["dense"]
     assert got.shape == op.shape
     np.testing.assert_allclose(got, want, atol=tol(op.dtype) * max(1, np.abs(want).max()))
 
 
 def test_leaf_adjoint(leaf_case):
-    op, θ = leaf_case
+    op, θ, _, out = leaf_case
+    _, got_H, want = out["dense"]
     assert po.testing.dot_test(op, θ) < tol(op.dtype)
     assert op.H.H is op
-    np.testing.assert_allclose(
-        np.asarray(po.to_dense(op.H, θ)), np.asarray(dense(op, θ)).conj().T,
-        atol=tol(op.dtype) * max(1, float(np.abs(dense(op, θ)).max())),
-    )
+    np.testing.assert_allclose(got_H, want.conj().T, atol=tol(op.dtype) * max(1, float(np.abs(want).max())))
 
 
 def test_leaf_apply_tensor_and_flat(leaf_case):
-    op, θ = leaf_case
-    rng = np.random.default_rng(1)
-    x = random_array(rng, op.domain_shape + (2, 3), op.dtype)
-    want = np.asarray(apply_dense(op, θ, x))
-    y = op.apply(θ, x)
+    op, _, x, out = leaf_case
+    want, y = out["tensor reference"], out["tensor"]
     assert y.shape == op.range_shape + (2, 3) and y.dtype == op.range_dtype
     scale = max(1, np.abs(want).max())
-    np.testing.assert_allclose(np.asarray(y), want, atol=tol(op.dtype) * scale)
-    flat = op.apply(θ, x.reshape(op.domain_size, 6))
-    assert flat.shape == (op.range_size, 6)
-    np.testing.assert_allclose(np.asarray(flat), want.reshape(op.range_size, 6), atol=tol(op.dtype) * scale)
-    one = op(θ) @ x[..., 0, 0].reshape(-1)
-    np.testing.assert_allclose(np.asarray(one), want[..., 0, 0].reshape(-1), atol=tol(op.dtype) * scale)
+    np.testing.assert_allclose(y, want, atol=tol(op.dtype) * scale)
+    assert out["flat"].shape == (op.range_size, 6)
+    np.testing.assert_allclose(out["flat"], want.reshape(op.range_size, 6), atol=tol(op.dtype) * scale)
+    np.testing.assert_allclose(out["vector"], want[..., 0, 0].reshape(-1), atol=tol(op.dtype) * scale)
 
 
 def test_leaf_gradients_match_dense(leaf_case):
-    op, θ = leaf_case
-    rng = np.random.default_rng(2)
-    x = jnp.asarray(random_array(rng, op.domain_shape, op.dtype))
-    c = jnp.asarray(random_array(rng, op.range_shape, op.range_dtype))
-    got = jax.grad(lambda θ, x: pairing(c, op.apply(θ, x)), argnums=(0, 1))(θ, x)
-    wide = lambda t: t.astype(jnp.complex128 if jnp.iscomplexobj(t) else jnp.float64)
-    want = jax.grad(lambda θ, x: pairing(c, apply_dense(op, θ, x)), argnums=(0, 1))(
-        jax.tree.map(wide, θ), wide(x))
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w).astype(g.dtype), atol=tol(op.dtype) * 10)
+    op, _, _, out = leaf_case
+    for g, w in zip(jax.tree.leaves(out["grads"]), jax.tree.leaves(out["grads reference"])):
+        np.testing.assert_allclose(g, w.astype(g.dtype), atol=tol(op.dtype) * 10)
+
+
+@jax.jit
+def forward_and_back(F, x):
+    y = F @ x
+    return y, F.inverse() @ y
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 8])
@@ -99,10 +120,10 @@ def test_dft_matches_numpy_and_inverts(n, norm, dtype):
     F = po.DFT(n, dtype, norm)
     x = random_array(np.random.default_rng(n), (n, 3), dtype)
     ref = (np.fft.fft if F.real is False else np.fft.rfft)(x.astype(np.complex128 if F.real is False else np.float64), axis=0, norm=norm)
-    y = F @ x
+    y, back = forward_and_back(F, x)
     np.testing.assert_allclose(np.asarray(y), ref, atol=tol(dtype) * max(1, np.abs(ref).max()))
     assert F.range_shape == ((n // 2 + 1,) if F.real else (n,))
-    np.testing.assert_allclose(np.asarray(F.inverse() @ y), x, atol=tol(dtype) * 10)
+    np.testing.assert_allclose(np.asarray(back), x, atol=tol(dtype) * 10)
     assert po.testing.dot_test(F) < tol(dtype) and po.testing.dot_test(F.inverse()) < tol(dtype)
     assert F.inverse().inverse() is F
 
@@ -159,10 +180,10 @@ def test_random_trees_match_dense(seed):
     shape = tuple(int(n) for n in rng.integers(1, 6, size=int(rng.integers(1, 4))))
     op = random_tree(rng, shape, dtype, depth=3)
     θ = random_params(op, seed)
-    want = np.asarray(dense(op, θ))
+    got, got_H, want = (np.asarray(m) for m in dense_both_ways(op, θ))
     scale = max(1, np.abs(want).max())
-    np.testing.assert_allclose(np.asarray(po.to_dense(op, θ)), want, atol=tol(dtype) * scale * 10)
-    np.testing.assert_allclose(np.asarray(po.to_dense(op.H, θ)), want.conj().T, atol=tol(dtype) * scale * 10)
+    np.testing.assert_allclose(got, want, atol=tol(dtype) * scale * 10)
+    np.testing.assert_allclose(got_H, want.conj().T, atol=tol(dtype) * scale * 10)
     assert po.testing.dot_test(op, θ) < tol(dtype) * 10
     assert op.H.H is op
 

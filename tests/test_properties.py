@@ -30,7 +30,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 import parop as po
 from conftest import LONG
 from parop.distributed.plan.plan import walk
-from reference import pairing, random_array, random_params, random_tree
+from reference import applied, pairing, random_array, random_params, random_tree, serial_results
 
 pytestmark = pytest.mark.properties  # the long pass selects them with `-m "long or properties"`
 
@@ -145,7 +145,9 @@ def assert_equals_serial(D, op, seed: int, rng, batch: tuple[int, ...] = (), fla
     if AxisType.Explicit in D.mesh.axis_types:
         θD = {name: jax.device_put(w, D.param_shardings()[name]) for name, w in θ.items()}
     x = jnp.asarray(random_array(rng, op.domain_shape + batch, op.dtype))
-    want = op(θ) @ x
+    c = jnp.asarray(random_array(rng, op.range_shape + batch, op.range_dtype))
+    serial = serial_results(op, θ, x, c)
+    want = serial["forward"]
     with no_hang():
         y = D(θD) @ x
     assert y.shape == want.shape and y.dtype == want.dtype
@@ -156,22 +158,20 @@ def assert_equals_serial(D, op, seed: int, rng, batch: tuple[int, ...] = (), fla
         xf = x.reshape((op.domain_size,) + batch)
         close(D(θD) @ xf, want.reshape((op.range_size,) + batch), scale_of(want))
 
-    c = jnp.asarray(random_array(rng, y.shape, y.dtype))
     if transpose:
-        close(D.T(θD) @ c, op.T(θ) @ c, scale_of(c))
+        close(D.T(θD) @ c, applied(op.T, θ, c), scale_of(c))
         assert po.testing.dot_test(D, θD, batch_shape=batch) < 1e-12
-    back_want = op.H(θ) @ c
+    back_want = serial["adjoint"]
     back = D.H(θD) @ c
     assert back.shape == back_want.shape and back.dtype == back_want.dtype
     close(back, back_want, scale_of(back_want))
     # JAX's own transpose of the distributed program is the serial one's
     (t,) = jax.linear_transpose(lambda v: D(θD) @ v, x)(c)
-    (t_want,) = jax.linear_transpose(lambda v: op(θ) @ v, x)(c)
-    close(t, t_want, scale_of(t_want))
+    close(t, serial["transpose"], scale_of(serial["transpose"]))
 
-    loss = lambda A: (lambda θ, x: pairing(c, A(θ) @ x))
-    got = jax.jit(jax.grad(loss(D), argnums=(0, 1)))(θD, x)  # eager: a JAX bug on Explicit meshes (see pairing)
-    ref = jax.grad(loss(op), argnums=(0, 1))(θ, x)
+    loss = lambda θ, x: pairing(c, D(θ) @ x)
+    got = jax.jit(jax.grad(loss, argnums=(0, 1)))(θD, x)  # eager: a JAX bug on Explicit meshes (see pairing)
+    ref = serial["grads"]
     assert jax.tree.structure(got) == jax.tree.structure(ref)
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
         assert g.shape == r.shape and g.dtype == r.dtype
