@@ -20,7 +20,6 @@ import gc
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from ...operators import Role
@@ -250,15 +249,22 @@ class Interned:
         self.value = value
 
 
-@dataclass
 class Node:
     """What the search knows of `(context, done, layout)`, whatever the sum frames around
-    it: the tensor there, the steps forced from there, and the moves (computed once)."""
+    it: the tensor there, the steps forced from there, the moves (computed once) and the
+    lower bound per goal where no sum frame is open."""
 
-    here: State
-    settled: tuple[int, tuple] | None = None  # (done after the forced steps, their actions)
-    moves: list | None = None  # (action, next done, next layout, cost), no sum entries
-    sums: tuple[int, ...] = ()  # ready sum steps
+    __slots__ = ("here", "settled", "moves", "sums", "bounds", "lines")
+
+    def __init__(self, here: State):
+        self.here = here
+        self.settled: tuple[int, tuple] | None = None  # (done after the forced steps, their actions)
+        # (edge, done after it and the steps it forces, next layout, cost, forced actions, next node,
+        # the mesh axes and source it moves (an AllToAll), whether it is a move to an unpadded layout)
+        self.moves: list | None = None
+        self.sums: tuple[int, ...] = ()  # ready sum steps
+        self.bounds: dict = {}  # goal -> `bound` of the state with no sum frame
+        self.lines: dict = {}  # goal or None -> `line` (on the whole program)
 
 
 class Exits:
@@ -344,11 +350,25 @@ def _structure(prog: Program, itemsize: int, pinned: Mapping) -> tuple:
 Frame = tuple
 
 
+class Tables:
+    """What the searches of one plan (one mesh, cost model and `shard_weights`: a search
+    and those it starts for its bounds and its symmetry) share, whatever their pins: the
+    interned values, the programs' contexts, the tensor's states, and the moves from each
+    state with their costs."""
+
+    def __init__(self):
+        self.interned: dict = {}
+        self.contexts: dict = {}
+        self.states: dict = {}  # (sizes, itemsize, layout) -> State
+        self.moves: dict = {}  # (sizes, itemsize, layout, step or None, its pinned weight) -> moves
+
+
 class Search:
     """Routes through programs on one mesh, for one cost model."""
 
     def __init__(self, mesh_shape, cost: CostModel, shard_weights: bool | str = "auto",
-                 exhaustive: bool = False, max_states: int = MAX_STATES, pinned: Mapping | None = None):
+                 exhaustive: bool = False, max_states: int = MAX_STATES, pinned: Mapping | None = None,
+                 tables: Tables | None = None):
         self.pinned = dict(pinned or {})  # weight name -> the mesh axes splitting each of its axes
         self.mesh = tuple(mesh_shape.items())
         self.mesh_sizes = dict(mesh_shape)
@@ -358,8 +378,8 @@ class Search:
         self._expanded = 0
         self.split_counts = {math.prod(c) for k in range(1, len(self.mesh) + 1)
                              for c in itertools.combinations(self.mesh_sizes.values(), k)}
-        self._interned: dict = {}
-        self._contexts: dict = {}
+        self.tables = Tables() if tables is None else tables
+        self._interned = self.tables.interned
         self._nodes: dict = {}
         self._lines: dict = {}
         self._frame_bounds: dict = {}
@@ -387,17 +407,29 @@ class Search:
         return found
 
     def context(self, prog: Program, shape, itemsize: int) -> Context:
+        contexts = self.tables.contexts
         key = (id(prog), shape, itemsize)
-        if key not in self._contexts:
-            self._contexts[key] = Context(prog, shape, itemsize, bool(self.shard_weights), frozenset(self.split_counts))
-        return self._contexts[key]
+        if key not in contexts:
+            contexts[key] = Context(prog, shape, itemsize, bool(self.shard_weights), frozenset(self.split_counts))
+        return contexts[key]
 
     def node(self, ctx: Context, done: int, lay: Interned) -> Node:
         key = (ctx, done, lay)
         node = self._nodes.get(key)
         if node is None:
-            node = self._nodes[key] = Node(State(ctx.sizes(done), lay.value, ctx.itemsize(done), self.mesh))
+            sizes, itemsize = ctx.sizes(done), ctx.itemsize(done)
+            states = self.tables.states
+            here = states.get((sizes, itemsize, lay))
+            if here is None:
+                here = states[(sizes, itemsize, lay)] = State(sizes, lay.value, itemsize, self.mesh)
+            node = self._nodes[key] = Node(here)
         return node
+
+    def sub(self, pinned: Mapping) -> "Search":
+        """A search of its own on the same mesh and cost model, sharing this one's tables,
+        with the weights in `pinned` pinned."""
+        return Search(self.mesh_sizes, self.cost, self.shard_weights, max_states=self.max_states, pinned=pinned,
+                      tables=self.tables)
 
     def term(self, frame: Frame, k: int) -> Context:
         parent, after, j, _, _, _ = frame
@@ -454,6 +486,21 @@ class Search:
                 heap.append(((self.bound(start, goal),) + ZERO[1:], next(tie), ZERO, start))
         heapq.heapify(heap)
         accepted: dict = {}
+
+        def reach(state, edge, nxt, taken, total, nnode):
+            """`nxt` by `edge` from `state` (`taken`: the actions forced after it), at `total`;
+            `nnode`: its node if it has no sum frame."""
+            if total < best.get(nxt, INFINITE):
+                best[nxt] = total
+                back[nxt] = ((state, edge), taken)
+                if nxt[0] is not None or nnode is None:
+                    bound = self.bound(nxt, goal, nnode)
+                else:
+                    bound = nnode.bounds.get(goal)
+                    if bound is None:
+                        bound = nnode.bounds[goal] = self.bound(nxt, goal)
+                heapq.heappush(heap, ((total[0] + bound,) + total[1:], next(tie), total, nxt))
+
         while heap:
             _, _, cost, state = heapq.heappop(heap)
             if best[state] < cost:
@@ -471,17 +518,33 @@ class Search:
                 raise PlanningError(
                     f"the planner gave up after {self.max_states} states: the operator is too large to plan "
                     "exhaustively; distribute its parts separately or split fewer axes")
+            node = self.node(ctx, done, lay)
+            if node.moves is None:
+                self.fill(ctx, done, node)
+            for edge, nxt in self.openings(state, node):
+                nxt, taken = self.settle(nxt)
+                reach(state, edge, nxt, taken, cost, None)
             held = after and fr is None and done == 0
-            for edge, nxt, delta in self.moves(state, *back[state]):
-                if held and isinstance(edge[-1], (AllToAll, Split)) and not self.node(*nxt[1:]).here.any_padded:
+            arrived, forced = back[state]
+            last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
+            # the search drops a move that moves the mesh axes the last move moved, when no step ran since
+            undo = (last.axes, last.dst) if isinstance(last, (AllToAll, Split)) else None
+            frame = fr.value[-1] if fr is not None else None
+            hands = frame is not None and frame[3] > 0  # a later term: it hands over where the first ended
+            c0, c1, c2, c3 = cost
+            for edge, ndone, nlay, delta, taken, nnode, top, moved, frees in node.moves:
+                if undo is not None and moved == undo:
+                    continue  # the same mesh axes again at once: one move from before does it
+                if held and frees:
                     continue  # the earlier operator's move (to a padded layout, no barrier could run between)
-                nxt, forced = self.settle(nxt)
-                total = _add(cost, delta)
-                if total < best.get(nxt, INFINITE):
-                    best[nxt] = total
-                    back[nxt] = ((state, edge), forced)
-                    bound = self.bound(nxt, goal)
-                    heapq.heappush(heap, ((total[0] + bound,) + total[1:], next(tie), total, nxt))
+                total = (c0 + delta[0], c1 + delta[1], c2 + delta[2], c3 + delta[3])
+                if fr is None:
+                    reach(state, edge, top, taken, total, nnode)
+                elif hands and ndone == ctx.full and nlay is frame[5]:
+                    nxt, more = self.settle((fr, ctx, ndone, nlay))
+                    reach(state, edge, nxt, taken + more, total, None)
+                else:
+                    reach(state, edge, (fr, ctx, ndone, nlay), taken, total, nnode)
             yield None, None, back, heap
 
     # -- chains ------------------------------------------------------------------------------
@@ -597,8 +660,7 @@ class Search:
             return self
         found = self._renamed.get(pins)
         if found is None:
-            found = self._renamed[pins] = Search(self.mesh_sizes, self.cost, self.shard_weights,
-                                                 max_states=self.max_states, pinned={**self.pinned, **dict(pins)})
+            found = self._renamed[pins] = self.sub({**self.pinned, **dict(pins)})
         return found
 
     def canonical(self, lay: Interned, pins: tuple = ()) -> tuple[Interned, dict, tuple]:
@@ -701,41 +763,52 @@ class Search:
         outer = self.intern(frames[:-1]) if len(frames) > 1 else None
         return Exit(), (outer, parent, after, lay)
 
-    def moves(self, state, arrived, forced) -> Iterator[tuple[tuple, tuple, Cost]]:
-        """`(edge, next state, cost)` of every move from `state`; `arrived` is the best route's
-        last edge to it and `forced` what settled after it (the search drops a move that
-        moves the mesh axes the last move moved, when no step ran since)."""
+    def openings(self, state, node: Node) -> Iterator[tuple[tuple, tuple]]:
+        """`(edge, next state)` of the moves from `state` that depend on its sum frames (each
+        costs nothing): a ready sum's first term starts, or a term that has run hands over."""
         fr, ctx, done, lay = state
-        node = self.node(ctx, done, lay)
-        if node.moves is None:
-            self.fill(ctx, done, node)
         frames = fr.value if fr is not None else ()
         for j in node.sums:
             frame = (ctx, done | 1 << j, j, 0, lay, None)
-            yield (Enter(ctx.steps[j]),), (self.intern(frames + (frame,)), self.term(frame, 0), 0, lay), ZERO
+            yield (Enter(ctx.steps[j]),), (self.intern(frames + (frame,)), self.term(frame, 0), 0, lay)
         if frames and done == ctx.full and (frames[-1][3] == 0 or lay is frames[-1][5]):
             marker, nxt = self.hand_over(state)
-            yield (marker,), nxt, ZERO
-        last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
-        undo = (last.axes, last.dst) if isinstance(last, (AllToAll, Split)) else None
-        for action, ndone, nlay, cost in node.moves:
-            if undo is not None and isinstance(action, AllToAll) and (action.axes, action.src) == undo:
-                continue  # the same mesh axes again at once: one move from before does it
-            yield (action,), (fr, ctx, ndone, nlay), cost
+            yield (marker,), nxt
 
     def fill(self, ctx: Context, done: int, node: Node) -> None:
-        """The moves from `node` that do not depend on the sum frames around it."""
+        """The moves from `node` that do not depend on the sum frames around it, each with
+        the steps it forces (`Node.moves`)."""
         here, moves, sums = node.here, [], []
+        place = (here.sizes, here.itemsize, self.intern(here.layout))
+        found = []
         for j in ctx.ready(done):
             step = ctx.steps[j]
             if step.terms:
                 sums.append(j)
                 continue
-            for action in self.forms(step, here):
-                moves.append((action, done | 1 << j, self.intern(action.after(here)), self.price(action, here)))
-        for action in itertools.chain(AllToAll.candidates(here), Split.candidates(here)):
-            moves.append((action, done, self.intern(action.after(here)), self.price(action, here)))
+            found.extend((action, done | 1 << j, nlay, cost) for action, nlay, cost in self.step_moves(place, step, here))
+        found.extend((action, done, nlay, cost) for action, nlay, cost in self.step_moves(place, None, here))
+        for action, ndone, nlay, cost in found:
+            frees = isinstance(action, (AllToAll, Split)) and not self.node(ctx, ndone, nlay).here.any_padded
+            sdone, taken = (ndone, ()) if self.exhaustive else self.forced(ctx, ndone, nlay)
+            moved = (action.axes, action.src) if isinstance(action, AllToAll) else None
+            moves.append(((action,), sdone, nlay, cost, taken, self.node(ctx, sdone, nlay),
+                          (None, ctx, sdone, nlay), moved, frees))
         node.moves, node.sums = moves, tuple(sums)
+
+    def step_moves(self, place: tuple, step: Step | None, here: State) -> list:
+        """`(action, next layout, cost)` of each way `step` can run from `here` (`place`: its
+        sizes, itemsize and layout), or for None each `AllToAll` and `Split` (shared by
+        the searches of one plan)."""
+        pin = self.pinned.get(step.leaf.name) if step is not None and step.weighted else None
+        key = place + (step, pin)
+        found = self.tables.moves.get(key)
+        if found is None:
+            actions = (self.forms(step, here) if step is not None
+                       else itertools.chain(AllToAll.candidates(here), Split.candidates(here)))
+            found = self.tables.moves[key] = [(action, self.intern(action.after(here)), self.price(action, here))
+                                              for action in actions]
+        return found
 
     def forms(self, step, here: State) -> Iterator[StepAction]:
         """The ways `step` can run from `here` (with its weight where it is pinned)."""
@@ -752,33 +825,41 @@ class Search:
             self._exit_goals[lay] = Goal.layout(lay.value)
         return self._exit_goals[lay]
 
-    def bound(self, state, goal: Goal) -> float:
+    def bound(self, state, goal: Goal, node: Node | None = None) -> float:
         """A lower bound on the cost from `state` to the end (0 for the oracle). See
         `chain_line`; a sum's later terms add their own, from the sum's entry layout;
         inside a term, the rest of the program around the sum adds its own from the exit
-        layout once that is known."""
+        layout once that is known. `node`: the state's node, if at hand."""
         if self.exhaustive:
             return 0.0
         fr, ctx, done, lay = state
         if fr is None:
             return self.chain_line(ctx, done, lay, goal)
-        parent, after, j, k, entry, exit_ = fr.value[-1]
-        top = len(fr.value) == 1
-        ends = self.exit_goal(exit_)
-        rest = self._frame_bounds.get(fr)
-        if rest is None:
+        found = self._frame_bounds.get(fr)
+        if found is None:
+            parent, after, j, k, entry, exit_ = fr.value[-1]
+            top = len(fr.value) == 1
+            ends = self.exit_goal(exit_)
             rest = sum(self.term_bound(self.term(fr.value[-1], t), entry, ends)
                        for t in range(k + 1, len(parent.steps[j].terms)))
             if top and k > 0:  # the program goes on from the known exit
                 rest += self.chain_line(parent, after, exit_, goal)
-            self._frame_bounds[fr] = rest
-        if top and k == 0:  # term 0's exit is where the program goes on: the chain's later operators
-            # (from the mesh axes in use now, not cached with the frame; the sum may still psum)
-            rest += self.later(parent, after & ~(1 << j), lay, goal)
-        if k > 0:
+            # term 0's exit is where the program goes on: the chain's later operators (from the mesh axes
+            # in use now, not cached with the frame; the sum may still psum)
+            later = (parent, after & ~(1 << j)) if top and k == 0 else None
+            last = top and after == parent.full  # the sum ends the program: its exit is the output
+            found = self._frame_bounds[fr] = (rest, later, ends if k > 0 else None, k == 0 and last)
+        rest, later, ends, last = found
+        if later is not None:
+            rest += self.later(later[0], later[1], lay, goal)
+        ends = goal if last else ends
+        if node is None:
             return self.line(ctx, done, lay, ends) + rest
-        last = top and after == parent.full  # the sum ends the program: its exit is the output
-        return self.line(ctx, done, lay, goal if last else None) + rest
+        lines = node.lines
+        found = lines.get(ends)
+        if found is None:
+            found = lines[ends] = self.line(ctx, done, lay, ends)
+        return found + rest
 
     def term_bound(self, term: Context, entry: Interned, ends: Goal | None) -> float:
         """A lower bound on a sum's term from the sum's entry layout to its exit (`ends`;
@@ -788,8 +869,7 @@ class Search:
         found = self._term_bounds.get(key)
         if found is None:
             if self._term_search is None:
-                self._term_search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
-                                           pinned=self.pinned)
+                self._term_search = self.sub(self.pinned)
             search, least = self._term_search, 0.0
             try:
                 for cost, state, _, _ in search.explore(search.context(term.prog, term.shape, term.itemsize0),
@@ -848,8 +928,7 @@ class Search:
                     # alike: one of each, with the pins where the swap takes them (the same swap for all)
                     canon = [self.canonical(self.intern(e), pins) for e in entries]
                     entries, pins = list(dict.fromkeys(c[0].value for c in canon)), canon[0][2]
-                search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
-                                pinned={**self.pinned, **dict(pins)})
+                search = self.sub({**self.pinned, **dict(pins)})
                 try:
                     self._entry_bounds[alike] = search.run(prog, entries, goal, ctx.itemsize(before))[0][0]
                 except PlanningError:
