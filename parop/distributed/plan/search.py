@@ -368,7 +368,7 @@ class Search:
 
     def __init__(self, mesh_shape, cost: CostModel, shard_weights: bool | str = "auto",
                  exhaustive: bool = False, max_states: int = MAX_STATES, pinned: Mapping | None = None,
-                 tables: Tables | None = None):
+                 *, tables: Tables | None = None):
         self.pinned = dict(pinned or {})  # weight name -> the mesh axes splitting each of its axes
         self.mesh = tuple(mesh_shape.items())
         self.mesh_sizes = dict(mesh_shape)
