@@ -259,7 +259,8 @@ class Node:
     def __init__(self, here: State):
         self.here = here
         self.settled: tuple[int, tuple] | None = None  # (done after the forced steps, their actions)
-        # (edge, done after it and the steps it forces, next layout, cost, forced actions, next node,
+        # (edge, done after it and the steps it forces, next layout, cost, forced actions, the next node's
+        # `bounds` and `lines` (not the node: no cycles to collect), the next state with no sum frame,
         # the mesh axes and source it moves (an AllToAll), whether it is a move to an unpadded layout)
         self.moves: list | None = None
         self.sums: tuple[int, ...] = ()  # ready sum steps
@@ -378,8 +379,12 @@ class Search:
         self._expanded = 0
         self.split_counts = {math.prod(c) for k in range(1, len(self.mesh) + 1)
                              for c in itertools.combinations(self.mesh_sizes.values(), k)}
-        self.tables = Tables() if tables is None else tables
-        self._interned = self.tables.interned
+        self._tables(Tables() if tables is None else tables)
+
+    def _tables(self, tables: Tables) -> None:
+        """Starts every memo table afresh, sharing `tables`."""
+        self.tables = tables
+        self._interned = tables.interned
         self._nodes: dict = {}
         self._lines: dict = {}
         self._frame_bounds: dict = {}
@@ -393,6 +398,15 @@ class Search:
         self._canonical: dict = {}
         self._pins: dict = {}
         self._renamed: dict = {}  # renamed pins -> the search with them: the symmetry's searches
+
+    def release(self) -> None:
+        """Drops the tables (a finished search needs none of them) so that their millions of
+        objects are freed at once, not traversed by the garbage collector first; the states
+        expanded are kept."""
+        self._expanded = self.expanded
+        for found in self._exits.values():
+            found.ends.close()  # its search's frame refers back to the search
+        self._tables(Tables())
 
     @property
     def expanded(self) -> int:
@@ -452,6 +466,7 @@ class Search:
             return self._run(root, entries, goal)
         finally:
             if collecting:
+                self.release()
                 gc.enable()
 
     def _run(self, root: Context, entries: list, goal: Goal, after: bool = False):
@@ -487,18 +502,18 @@ class Search:
         heapq.heapify(heap)
         accepted: dict = {}
 
-        def reach(state, edge, nxt, taken, total, nnode):
+        def reach(state, edge, nxt, taken, total, bounds, lines):
             """`nxt` by `edge` from `state` (`taken`: the actions forced after it), at `total`;
-            `nnode`: its node if it has no sum frame."""
+            `bounds` or `lines`: its node's memos (`Node`), if at hand."""
             if total < best.get(nxt, INFINITE):
                 best[nxt] = total
                 back[nxt] = ((state, edge), taken)
-                if nxt[0] is not None or nnode is None:
-                    bound = self.bound(nxt, goal, nnode)
+                if bounds is None:
+                    bound = self.bound(nxt, goal, lines)
                 else:
-                    bound = nnode.bounds.get(goal)
+                    bound = bounds.get(goal)
                     if bound is None:
-                        bound = nnode.bounds[goal] = self.bound(nxt, goal)
+                        bound = bounds[goal] = self.bound(nxt, goal)
                 heapq.heappush(heap, ((total[0] + bound,) + total[1:], next(tie), total, nxt))
 
         while heap:
@@ -523,7 +538,7 @@ class Search:
                 self.fill(ctx, done, node)
             for edge, nxt in self.openings(state, node):
                 nxt, taken = self.settle(nxt)
-                reach(state, edge, nxt, taken, cost, None)
+                reach(state, edge, nxt, taken, cost, None, None)
             held = after and fr is None and done == 0
             arrived, forced = back[state]
             last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
@@ -532,19 +547,19 @@ class Search:
             frame = fr.value[-1] if fr is not None else None
             hands = frame is not None and frame[3] > 0  # a later term: it hands over where the first ended
             c0, c1, c2, c3 = cost
-            for edge, ndone, nlay, delta, taken, nnode, top, moved, frees in node.moves:
+            for edge, ndone, nlay, delta, taken, nbounds, nlines, top, moved, frees in node.moves:
                 if undo is not None and moved == undo:
                     continue  # the same mesh axes again at once: one move from before does it
                 if held and frees:
                     continue  # the earlier operator's move (to a padded layout, no barrier could run between)
                 total = (c0 + delta[0], c1 + delta[1], c2 + delta[2], c3 + delta[3])
                 if fr is None:
-                    reach(state, edge, top, taken, total, nnode)
+                    reach(state, edge, top, taken, total, nbounds, None)
                 elif hands and ndone == ctx.full and nlay is frame[5]:
                     nxt, more = self.settle((fr, ctx, ndone, nlay))
-                    reach(state, edge, nxt, taken + more, total, None)
+                    reach(state, edge, nxt, taken + more, total, None, None)
                 else:
-                    reach(state, edge, (fr, ctx, ndone, nlay), taken, total, nnode)
+                    reach(state, edge, (fr, ctx, ndone, nlay), taken, total, None, nlines)
             yield None, None, back, heap
 
     # -- chains ------------------------------------------------------------------------------
@@ -569,6 +584,7 @@ class Search:
         summing = [bool(root.psum_steps & root.segments[i]) for i in range(n)]
         pins = [self.pins(p) for p in progs]
         kinds: dict = {}  # (operator, its renamed pins) -> its structure with them
+        searched: dict = {}  # (operator, layout) -> `exits`
 
         def exits(i: int, lay: Interned) -> tuple[Exits, dict | None]:
             """Operator i's exits from `lay`, and the renaming of mesh axes that gives them (None: none).
@@ -576,16 +592,19 @@ class Search:
             An operator between two others costs the same between two layouts, with its weights
             pinned, as between the same layouts with mesh axes of equal size swapped and its
             weights pinned where the swap takes them: its exits are searched once per class."""
-            ends = goal if i == n - 1 else Goal.any()
-            renamed, names, moved = self.canonical(lay, pins[i]) if i < n - 1 else (lay, None, pins[i])
-            search = self.renamed(moved)
-            if (i, moved) not in kinds:
-                kinds[(i, moved)] = _structure(progs[i], root.itemsize(before[i]), search.pinned)
-            key = (kinds[(i, moved)], renamed, ends, i > 0, i < n - 1)
-            found = self._exits.get(key)
-            if found is None:
-                found = self._exits[key] = Exits(search.explore(contexts[i], [renamed.value], ends, *key[3:]))
-            return found, names
+            mine = searched.get((i, lay))
+            if mine is None:
+                ends = goal if i == n - 1 else Goal.any()
+                renamed, names, moved = self.canonical(lay, pins[i]) if i < n - 1 else (lay, None, pins[i])
+                search = self.renamed(moved)
+                if (i, moved) not in kinds:  # interned: the key is hashed by identity
+                    kinds[(i, moved)] = self.intern(_structure(progs[i], root.itemsize(before[i]), search.pinned))
+                key = (kinds[(i, moved)], renamed, ends, i > 0, i < n - 1)
+                found = self._exits.get(key)
+                if found is None:
+                    found = self._exits[key] = Exits(search.explore(contexts[i], [renamed.value], ends, *key[3:]))
+                mine = searched[(i, lay)] = (found, names)
+            return mine
 
         start = self.intern(entry)
         best, back = {(0, start): ZERO}, {}
@@ -792,8 +811,9 @@ class Search:
             frees = isinstance(action, (AllToAll, Split)) and not self.node(ctx, ndone, nlay).here.any_padded
             sdone, taken = (ndone, ()) if self.exhaustive else self.forced(ctx, ndone, nlay)
             moved = (action.axes, action.src) if isinstance(action, AllToAll) else None
-            moves.append(((action,), sdone, nlay, cost, taken, self.node(ctx, sdone, nlay),
-                          (None, ctx, sdone, nlay), moved, frees))
+            nnode = self.node(ctx, sdone, nlay)
+            moves.append(((action,), sdone, nlay, cost, taken, nnode.bounds, nnode.lines, (None, ctx, sdone, nlay),
+                          moved, frees))
         node.moves, node.sums = moves, tuple(sums)
 
     def step_moves(self, place: tuple, step: Step | None, here: State) -> list:
@@ -825,11 +845,11 @@ class Search:
             self._exit_goals[lay] = Goal.layout(lay.value)
         return self._exit_goals[lay]
 
-    def bound(self, state, goal: Goal, node: Node | None = None) -> float:
+    def bound(self, state, goal: Goal, lines: dict | None = None) -> float:
         """A lower bound on the cost from `state` to the end (0 for the oracle). See
         `chain_line`; a sum's later terms add their own, from the sum's entry layout;
         inside a term, the rest of the program around the sum adds its own from the exit
-        layout once that is known. `node`: the state's node, if at hand."""
+        layout once that is known. `lines`: the `line`s of the state's node, if at hand."""
         if self.exhaustive:
             return 0.0
         fr, ctx, done, lay = state
@@ -853,9 +873,8 @@ class Search:
         if later is not None:
             rest += self.later(later[0], later[1], lay, goal)
         ends = goal if last else ends
-        if node is None:
+        if lines is None:
             return self.line(ctx, done, lay, ends) + rest
-        lines = node.lines
         found = lines.get(ends)
         if found is None:
             found = lines[ends] = self.line(ctx, done, lay, ends)
