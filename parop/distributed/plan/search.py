@@ -71,6 +71,10 @@ class Context:
                     if (j, along) not in self.pointwise:
                         self.pointwise.append((j, along))
         self.shrinks = [_shrink(step) for step in self.steps]
+        # per step: whether every split that may pad one of its axes before it may do so after it too
+        # (so running it early never rules out a move)
+        self.keeps_padding = [all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
+                                  for q in split_counts) for step in self.steps]
         self.factors = [step.bytes_factor for step in self.steps]
         self.ancestors = []  # per step: the bit mask of the steps that must run before it
         for j, mask in enumerate(self.preds):
@@ -431,13 +435,16 @@ class Search:
         key = (ctx, done, lay)
         node = self._nodes.get(key)
         if node is None:
-            sizes, itemsize = ctx.sizes(done), ctx.itemsize(done)
-            states = self.tables.states
-            here = states.get((sizes, itemsize, lay))
-            if here is None:
-                here = states[(sizes, itemsize, lay)] = State(sizes, lay.value, itemsize, self.mesh)
-            node = self._nodes[key] = Node(here)
+            node = self._nodes[key] = Node(self.state(ctx.sizes(done), ctx.itemsize(done), lay))
         return node
+
+    def state(self, sizes: tuple[int, ...], itemsize: int, lay: Interned) -> State:
+        """The tensor of `sizes` and `itemsize` laid out as `lay` (one object per such tensor)."""
+        states = self.tables.states
+        found = states.get((sizes, itemsize, lay))
+        if found is None:
+            found = states[(sizes, itemsize, lay)] = State(sizes, lay.value, itemsize, self.mesh)
+        return found
 
     def sub(self, pinned: Mapping) -> "Search":
         """A search of its own on the same mesh and cost model, sharing this one's tables,
@@ -751,7 +758,7 @@ class Search:
                 progress = False
                 for j in ctx.ready(done):
                     step = ctx.steps[j]
-                    if (step.terms or step.weighted or ctx.factors[j] > 1 or not self.keeps_padding(step)
+                    if (step.terms or step.weighted or ctx.factors[j] > 1 or not ctx.keeps_padding[j]
                             or not runs_as_is(step, self.node(ctx, done, lay).here)):
                         continue
                     taken.append(Local(step))
@@ -762,12 +769,6 @@ class Search:
             if done != start:
                 self.node(ctx, done, lay).settled = (done, ())
         return node.settled
-
-    def keeps_padding(self, step) -> bool:
-        """Whether every split that may pad one of `step`'s axes before it may do so after
-        it too (so running it early never rules out a move)."""
-        return all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
-                   for q in self.split_counts)
 
     def hand_over(self, state):
         """A sum's term has run to its exit: the next term starts from the entry layout, or
@@ -805,29 +806,34 @@ class Search:
             if step.terms:
                 sums.append(j)
                 continue
-            found.extend((action, done | 1 << j, nlay, cost) for action, nlay, cost in self.step_moves(place, step, here))
-        found.extend((action, done, nlay, cost) for action, nlay, cost in self.step_moves(place, None, here))
-        for action, ndone, nlay, cost in found:
-            frees = isinstance(action, (AllToAll, Split)) and not self.node(ctx, ndone, nlay).here.any_padded
+            found.extend((done | 1 << j,) + move for move in self.step_moves(place, step, here))
+        found.extend((done,) + move for move in self.step_moves(place, None, here))
+        for ndone, action, nlay, cost, moved, frees in found:
             sdone, taken = (ndone, ()) if self.exhaustive else self.forced(ctx, ndone, nlay)
-            moved = (action.axes, action.src) if isinstance(action, AllToAll) else None
             nnode = self.node(ctx, sdone, nlay)
             moves.append(((action,), sdone, nlay, cost, taken, nnode.bounds, nnode.lines, (None, ctx, sdone, nlay),
                           moved, frees))
         node.moves, node.sums = moves, tuple(sums)
 
     def step_moves(self, place: tuple, step: Step | None, here: State) -> list:
-        """`(action, next layout, cost)` of each way `step` can run from `here` (`place`: its
-        sizes, itemsize and layout), or for None each `AllToAll` and `Split` (shared by
-        the searches of one plan)."""
+        """`(action, next layout, cost, moved, frees)` of each way `step` can run from `here`
+        (`place`: its sizes, itemsize and layout), or for None each `AllToAll` and `Split`
+        (`moved`: the mesh axes and source axis of an `AllToAll`; `frees`: whether it moves
+        to an unpadded layout); shared by the searches of one plan."""
         pin = self.pinned.get(step.leaf.name) if step is not None and step.weighted else None
         key = place + (step, pin)
         found = self.tables.moves.get(key)
         if found is None:
-            actions = (self.forms(step, here) if step is not None
-                       else itertools.chain(AllToAll.candidates(here), Split.candidates(here)))
-            found = self.tables.moves[key] = [(action, self.intern(action.after(here)), self.price(action, here))
-                                              for action in actions]
+            found = self.tables.moves[key] = []
+            if step is not None:
+                for action in self.forms(step, here):
+                    found.append((action, self.intern(action.after(here)), self.price(action, here), None, False))
+            for action in (() if step is not None else itertools.chain(AllToAll.candidates(here),
+                                                                         Split.candidates(here))):
+                nlay = self.intern(action.after(here))
+                moved = (action.axes, action.src) if isinstance(action, AllToAll) else None
+                frees = not self.state(here.sizes, here.itemsize, nlay).any_padded
+                found.append((action, nlay, self.price(action, here), moved, frees))
         return found
 
     def forms(self, step, here: State) -> Iterator[StepAction]:
