@@ -521,7 +521,7 @@ class Search:
                     bound = bounds.get(goal)
                     if bound is None:
                         bound = bounds[goal] = self.bound(nxt, goal)
-                heapq.heappush(heap, ((total[0] + bound,) + total[1:], next(tie), total, nxt))
+                heapq.heappush(heap, ((total[0] + bound, total[1], total[2], total[3]), next(tie), total, nxt))
 
         while heap:
             _, _, cost, state = heapq.heappop(heap)
