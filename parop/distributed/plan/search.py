@@ -327,6 +327,102 @@ def _rename(layout: Layout, names: Mapping[str, str]) -> Layout:
     return tuple(tuple(names[m] for m in axes) for axes in layout)
 
 
+def _move(layout: Layout, names: Mapping[str, str], perm: tuple[int, ...]) -> Layout:
+    """`layout` with each mesh axis `m` renamed `names[m]` and tensor axis `a` moved to `perm[a]`."""
+    moved = [()] * len(layout)
+    for a, axes in enumerate(layout):
+        moved[perm[a]] = tuple(names[m] for m in axes)
+    return tuple(moved)
+
+
+MAX_AUTOMORPHISMS = 720  # permutations of a program's tensor axes tried for its symmetries
+
+
+def automorphisms(prog: Program) -> tuple[tuple[tuple[int, ...], tuple], ...]:
+    """The permutations of `prog`'s tensor axes (`perm[a]`: where axis `a` goes) under which
+    the program is itself as the search sees it, each weighted step its own image, with
+    how each weight's axes move: `(perm, ((name, where each weight axis goes), ...))`, the
+    identity first. Axes of equal size only, and at most `MAX_AUTOMORPHISMS` tried.
+
+    From layout `L`, with its weights pinned at `P`, such a program costs what it costs
+    from `perm(L)` with them pinned at `perm(P)`: every state maps onto one alike."""
+    groups: dict = {}
+    for a, n in enumerate(prog.shape):
+        groups.setdefault(n, []).append(a)
+    identity = tuple(range(len(prog.shape)))
+    if math.prod(math.factorial(len(g)) for g in groups.values()) > MAX_AUTOMORPHISMS:
+        return ()
+    found = []
+    for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
+        perm = list(identity)
+        for g, order in zip(groups.values(), orders):
+            for a, b in zip(g, order):
+                perm[a] = b
+        perm = tuple(perm)
+        weights = _weight_moves(prog, perm)
+        if weights is not None and (perm == identity or _maps(prog, prog, perm)):
+            found.append((perm, weights))
+    return tuple(sorted(found, key=lambda f: f[0] != identity))
+
+
+def _view(step: Step, perm: tuple[int, ...]) -> tuple:
+    """What the search sees of `step` (but its weight's name), with tensor axis `a` renamed
+    `perm[a]`: per axis its sizes, role, halo and the sizes of the weight axes along it."""
+    leaf = step.leaf
+    first = step.axes[0] if step.axes else 0
+    weighted = step.weighted
+    along: dict = {}
+    if weighted:
+        for w, x in enumerate(leaf.param_axes):
+            if x is not None:
+                along.setdefault(first + x, []).append(leaf.param_shape[w])
+    axes = tuple(sorted(
+        (perm[a], step.in_sizes[t], step.out_sizes[t], step.roles[t].value if leaf is not None else None,
+         leaf.halo_width(a - first) if leaf is not None and step.roles[t] is Role.HALO else 0,
+         tuple(along.get(a, ()))) for t, a in enumerate(step.axes)))
+    loose = tuple(n for n, x in zip(leaf.param_shape, leaf.param_axes) if x is None) if weighted else ()
+    return (axes, step.flow, step.in_dtype, step.out_dtype, step.scalar, step.conj, step.barrier,
+            leaf is not None, weighted and (leaf.name, leaf.param_dtype, loose), step.dense and leaf.dense_axes,
+            len(step.terms))
+
+
+def _maps(p: Program, q: Program, perm: tuple[int, ...]) -> bool:
+    """Whether `perm` maps program `p` onto `q` as the search sees them: each step onto one
+    alike, the order between them kept, a sum's terms onto the image's terms."""
+    if len(p.steps) != len(q.steps) or any(q.shape[perm[a]] != n for a, n in enumerate(p.shape)):
+        return False
+    targets: dict = {}
+    for k, step in enumerate(q.steps):
+        targets.setdefault(_view(step, tuple(range(len(perm)))), []).append(k)
+    image = []
+    for step in p.steps:
+        alike = targets.get(_view(step, perm))
+        if not alike:
+            return False
+        image.append(alike.pop(0))
+    for j, k in enumerate(image):
+        preds = sum(1 << image[i] for i in range(len(p.steps)) if p.preds[j] >> i & 1)
+        if preds != q.preds[k] or not all(_maps(t, u, perm) for t, u in zip(p.steps[j].terms, q.steps[k].terms)):
+            return False
+    return True
+
+
+def _weight_moves(prog: Program, perm: tuple[int, ...]) -> tuple | None:
+    """`((name, where each of its axes goes), ...)` of `prog`'s weights under `perm`: a weight
+    axis along tensor axis `a` goes to the one along `perm[a]` (None where its step has none
+    there, or more than one)."""
+    found: dict = {}
+    for step in _steps(prog):
+        if step.weighted and step.leaf.name not in found:
+            leaf, first = step.leaf, step.axes[0] if step.axes else 0
+            at = {first + x: w for w, x in enumerate(leaf.param_axes) if x is not None}
+            goes = tuple(w if x is None else at.get(perm[first + x]) for w, x in enumerate(leaf.param_axes))
+            if None in goes or len(set(goes)) != len(goes):
+                return None
+            found[step.leaf.name] = goes
+    return tuple(found.items())
+
+
 def _add(a: Cost, b: Cost) -> Cost:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
 
@@ -590,6 +686,7 @@ class Search:
         contexts = [self.context(p, p.shape, root.itemsize(before[i])) for i, p in enumerate(progs)]
         summing = [bool(root.psum_steps & root.segments[i]) for i in range(n)]
         pins = [self.pins(p) for p in progs]
+        autos = [automorphisms(p) for p in progs[:-1]]  # the last operator's goal breaks its symmetries
         kinds: dict = {}  # (operator, its renamed pins) -> its structure with them
         searched: dict = {}  # (operator, layout) -> `exits`
 
@@ -602,7 +699,7 @@ class Search:
             mine = searched.get((i, lay))
             if mine is None:
                 ends = goal if i == n - 1 else Goal.any()
-                renamed, names, moved = self.canonical(lay, pins[i]) if i < n - 1 else (lay, None, pins[i])
+                renamed, names, moved = self.canonical(lay, pins[i], autos[i]) if i < n - 1 else (lay, None, pins[i])
                 search = self.renamed(moved)
                 if (i, moved) not in kinds:  # interned: the key is hashed by identity
                     kinds[(i, moved)] = self.intern(_structure(progs[i], root.itemsize(before[i]), search.pinned))
@@ -628,7 +725,7 @@ class Search:
             elif k < len(exits(i, lay)[0].found):  # the k-th exit of operator i from `lay`
                 found, names = exits(i, lay)
                 step, out = found.found[k]
-                out = self.intern(out.value if names is None else _rename(out.value, names))
+                out = self.intern(out.value if names is None else _move(out.value, *names))
                 total = _add(cost, step)
                 if total < best.get((i + 1, out), INFINITE):
                     best[(i + 1, out)] = total
@@ -689,22 +786,30 @@ class Search:
             found = self._renamed[pins] = self.sub({**self.pinned, **dict(pins)})
         return found
 
-    def canonical(self, lay: Interned, pins: tuple = ()) -> tuple[Interned, dict, tuple]:
-        """`(σ(lay), σ⁻¹, σ(pins))` for the renaming σ of mesh axes of equal size that gives
-        the least `(σ(pins), σ(lay))` (`pins`: `(name, layout)` of pinned weights): one
-        representative per class of (layout, pins) alike up to such a swap (memoised)."""
-        key = (lay, pins)
+    def canonical(self, lay: Interned, pins: tuple = (), autos: tuple = ()) -> tuple[Interned, tuple, tuple]:
+        """`(g(lay), g⁻¹, g(pins))` for the symmetry `g` that gives the least `(g(pins), g(lay))`:
+        one representative per class of (layout, pins) alike up to a symmetry (memoised).
+        The symmetries: renamings of mesh axes of equal size, each with each of `autos` (the
+        program's `automorphisms`; none: the identity alone), pins renamed and moved along
+        (`pins`: `(name, layout)` of pinned weights). `g⁻¹` is `(names, perm)` for `_move`."""
+        key = (lay, pins, autos)
         found = self._canonical.get(key)
         if found is None:
             groups = {}
             for name, size in self.mesh:
                 groups.setdefault(size, []).append(name)
+            identity = tuple(range(len(lay.value)))
             best = None
             for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
                 names = {a: b for g, order in zip(groups.values(), orders) for a, b in zip(g, order)}
-                candidate = (tuple((w, _rename(spec, names)) for w, spec in pins), _rename(lay.value, names))
-                if best is None or candidate < best[0]:
-                    best = (candidate, {b: a for a, b in names.items()})
+                for perm, weights in autos or ((identity, ()),):
+                    goes = dict(weights)
+                    moved = tuple((w, _move(spec, names, goes[w]) if w in goes else _rename(spec, names))
+                                  for w, spec in pins)
+                    candidate = (moved, _move(lay.value, names, perm))
+                    if best is None or candidate < best[0]:
+                        back = tuple(sorted(range(len(perm)), key=perm.__getitem__))
+                        best = (candidate, ({b: a for a, b in names.items()}, back))
             (moved, value), back = best
             found = self._canonical[key] = (self.intern(value), back, moved)
         return found
@@ -951,7 +1056,8 @@ class Search:
                 if goal is Goal.any() and entries:
                     # layouts alike up to swapping mesh axes of equal size (and the pins with them) cost
                     # alike: one of each, with the pins where the swap takes them (the same swap for all)
-                    canon = [self.canonical(self.intern(e), pins) for e in entries]
+                    autos = automorphisms(prog)
+                    canon = [self.canonical(self.intern(e), pins, autos) for e in entries]
                     entries, pins = list(dict.fromkeys(c[0].value for c in canon)), canon[0][2]
                 search = self.sub({**self.pinned, **dict(pins)})
                 try:
