@@ -330,8 +330,9 @@ def _rename(layout: Layout, names: Mapping[str, str]) -> Layout:
 def _move(layout: Layout, names: Mapping[str, str], perm: tuple[int, ...]) -> Layout:
     """`layout` with each mesh axis `m` renamed `names[m]` and tensor axis `a` moved to `perm[a]`."""
     moved = [()] * len(layout)
-    for a, axes in enumerate(layout):
-        moved[perm[a]] = tuple(names[m] for m in axes)
+    for axes, b in zip(layout, perm):
+        if axes:
+            moved[b] = tuple([names[m] for m in axes])
     return tuple(moved)
 
 
@@ -806,6 +807,8 @@ class Search:
                     goes = dict(weights)
                     moved = tuple((w, _move(spec, names, goes[w]) if w in goes else _rename(spec, names))
                                   for w, spec in pins)
+                    if best is not None and moved > best[0][0]:
+                        continue
                     candidate = (moved, _move(lay.value, names, perm))
                     if best is None or candidate < best[0]:
                         back = tuple(sorted(range(len(perm)), key=perm.__getitem__))
