@@ -691,12 +691,14 @@ class Search:
         kinds: dict = {}  # (operator, its renamed pins) -> its structure with them
         searched: dict = {}  # (operator, layout) -> `exits`
 
-        def exits(i: int, lay: Interned) -> tuple[Exits, dict | None]:
-            """Operator i's exits from `lay`, and the renaming of mesh axes that gives them (None: none).
+        def exits(i: int, lay: Interned) -> tuple[Exits, tuple | None]:
+            """Operator i's exits from `lay`, and the symmetry that gives them (`(names, perm)` for
+            `_move`; None: none).
 
             An operator between two others costs the same between two layouts, with its weights
-            pinned, as between the same layouts with mesh axes of equal size swapped and its
-            weights pinned where the swap takes them: its exits are searched once per class."""
+            pinned, as between the same layouts with mesh axes of equal size swapped, or its tensor
+            axes permuted by one of its `automorphisms`, and its weights pinned where that takes
+            them: its exits are searched once per class."""
             mine = searched.get((i, lay))
             if mine is None:
                 ends = goal if i == n - 1 else Goal.any()
