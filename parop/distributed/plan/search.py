@@ -1111,11 +1111,12 @@ class Search:
             return cached
         layout = lay.value
         sizes = ctx.sizes(done)
+        splits = self.state(sizes, ctx.itemsize(done), lay).splits
         pending = ~done & scope
         mesh = self.mesh_sizes
         departures, whole = set(), set()  # `whole`: departures that take every mesh axis away
         for a, axes in enumerate(layout):
-            if axes and (sizes[a] % math.prod(mesh[n] for n in axes) or ctx.needs[a] & pending):
+            if axes and (sizes[a] % splits[a] or ctx.needs[a] & pending):
                 whole.add(a)
             if a in whole or (axes and goal is not None and goal.conflicts(a, axes)):
                 departures.add(a)
