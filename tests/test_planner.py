@@ -830,6 +830,31 @@ def test_an_fno_planned_for_another_batch_size_costs_what_the_exhaustive_search_
     assert same_cost(chain_cost(Ds), exact[:3]), (chain_cost(Ds), exact)
 
 
+def test_an_fno_symmetric_in_two_grid_axes_costs_what_the_exhaustive_search_finds():
+    """A 3-D FNO whose layers are alike under swapping the first two grid axes (the real
+    DFT's axis is the third): the planner searches a layer's exits once per class of
+    (layout, pins) alike under that swap with a swap of mesh axes, moving the spectral
+    weight's axes and pins along. Planned at batch 1, then at batch 2 with the weights
+    pinned on the swapped grid axes in swapped order, both chains cost what the
+    exhaustive search finds."""
+    model = FNO((4, 4, 2), width=2, modes=(2, 2, 1), layers=2, projection=2)
+    mesh = AbstractMesh((2, 2), ("a", "b"))
+    dist = model.distribute(P(None, None, "a", None, "b"), mesh=mesh, batch=1)
+    layer = named(*FNO._build(dist, 1))[1]
+    perms = [perm for perm, _ in search_module.automorphisms(program(layer, layer.domain_shape))]
+    assert perms == [(0, 1, 2, 3, 4), (0, 1, 3, 2, 4)]
+    pins = {name: layout_of(spec, len(dist.parameters[name].param_shape), mesh, "pins")
+            for name, spec in dist.weights.items()}
+    assert {pins["spectral0"][2], pins["spectral0"][3]} == {("a",), ("b",)}  # both swaps together keep them
+    for batch, pinned in [(1, None), (2, pins)]:
+        Ds = dist.operators(batch)
+        ops = named(*FNO._build(dist, batch))
+        goal = default_goal(Ds[0].plan.in_layout, ops[-1].range_shape, dict(mesh.shape))
+        exact, _ = Search(dict(mesh.shape), Ds[0].cost, False, exhaustive=True, pinned=pinned).run(
+            chain(ops, ops[0].domain_shape), Ds[0].plan.in_layout, goal)
+        assert same_cost(chain_cost(Ds), exact[:3]), (batch, chain_cost(Ds), exact)
+
+
 @pytest.mark.long
 def test_an_fno_with_a_local_kernel_plans():
     """Issue 20's case that gave up after 200,000 states: a 3-D FNO with a local

@@ -20,7 +20,6 @@ import gc
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from ...operators import Role
@@ -72,6 +71,10 @@ class Context:
                     if (j, along) not in self.pointwise:
                         self.pointwise.append((j, along))
         self.shrinks = [_shrink(step) for step in self.steps]
+        # per step: whether every split that may pad one of its axes before it may do so after it too
+        # (so running it early never rules out a move)
+        self.keeps_padding = [all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
+                                  for q in split_counts) for step in self.steps]
         self.factors = [step.bytes_factor for step in self.steps]
         self.ancestors = []  # per step: the bit mask of the steps that must run before it
         for j, mask in enumerate(self.preds):
@@ -250,15 +253,23 @@ class Interned:
         self.value = value
 
 
-@dataclass
 class Node:
     """What the search knows of `(context, done, layout)`, whatever the sum frames around
-    it: the tensor there, the steps forced from there, and the moves (computed once)."""
+    it: the tensor there, the steps forced from there, the moves (computed once) and the
+    lower bound per goal where no sum frame is open."""
 
-    here: State
-    settled: tuple[int, tuple] | None = None  # (done after the forced steps, their actions)
-    moves: list | None = None  # (action, next done, next layout, cost), no sum entries
-    sums: tuple[int, ...] = ()  # ready sum steps
+    __slots__ = ("here", "settled", "moves", "sums", "bounds", "lines")
+
+    def __init__(self, here: State):
+        self.here = here
+        self.settled: tuple[int, tuple] | None = None  # (done after the forced steps, their actions)
+        # (edge, done after it and the steps it forces, next layout, cost, forced actions, the next node's
+        # `bounds` and `lines` (not the node: no cycles to collect), the next state with no sum frame,
+        # the mesh axes and source it moves (an AllToAll), whether it is a move to an unpadded layout)
+        self.moves: list | None = None
+        self.sums: tuple[int, ...] = ()  # ready sum steps
+        self.bounds: dict = {}  # goal -> `bound` of the state with no sum frame
+        self.lines: dict = {}  # goal or None -> `line` (on the whole program)
 
 
 class Exits:
@@ -316,6 +327,103 @@ def _rename(layout: Layout, names: Mapping[str, str]) -> Layout:
     return tuple(tuple(names[m] for m in axes) for axes in layout)
 
 
+def _move(layout: Layout, names: Mapping[str, str], perm: tuple[int, ...]) -> Layout:
+    """`layout` with each mesh axis `m` renamed `names[m]` and tensor axis `a` moved to `perm[a]`."""
+    moved = [()] * len(layout)
+    for axes, b in zip(layout, perm):
+        if axes:
+            moved[b] = tuple([names[m] for m in axes])
+    return tuple(moved)
+
+
+MAX_AUTOMORPHISMS = 720  # permutations of a program's tensor axes tried for its symmetries
+
+
+def automorphisms(prog: Program) -> tuple[tuple[tuple[int, ...], tuple], ...]:
+    """The permutations of `prog`'s tensor axes (`perm[a]`: where axis `a` goes) under which
+    the program is itself as the search sees it, each weighted step its own image, with
+    how each weight's axes move: `(perm, ((name, where each weight axis goes), ...))`, the
+    identity first. Axes of equal size only, and at most `MAX_AUTOMORPHISMS` tried.
+
+    From layout `L`, with its weights pinned at `P`, such a program costs what it costs
+    from `perm(L)` with them pinned at `perm(P)`: every state maps onto one alike."""
+    groups: dict = {}
+    for a, n in enumerate(prog.shape):
+        groups.setdefault(n, []).append(a)
+    identity = tuple(range(len(prog.shape)))
+    if math.prod(math.factorial(len(g)) for g in groups.values()) > MAX_AUTOMORPHISMS:
+        return ()
+    found = []
+    for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
+        perm = list(identity)
+        for g, order in zip(groups.values(), orders):
+            for a, b in zip(g, order):
+                perm[a] = b
+        perm = tuple(perm)
+        weights = _weight_moves(prog, perm)
+        if weights is not None and (perm == identity or _maps(prog, prog, perm)):
+            found.append((perm, weights))
+    return tuple(sorted(found, key=lambda f: f[0] != identity))
+
+
+def _view(step: Step, perm: tuple[int, ...]) -> tuple:
+    """What the search sees of `step` (but its weight's name), with tensor axis `a` renamed
+    `perm[a]`: per axis its sizes, role, halo and the sizes of the weight axes along it."""
+    leaf = step.leaf
+    first = step.axes[0] if step.axes else 0
+    weighted = step.weighted
+    along: dict = {}
+    if weighted:
+        for w, x in enumerate(leaf.param_axes):
+            if x is not None:
+                along.setdefault(first + x, []).append(leaf.param_shape[w])
+    axes = tuple(sorted(
+        (perm[a], step.in_sizes[t], step.out_sizes[t], step.roles[t].value if leaf is not None else None,
+         leaf.halo_width(a - first) if leaf is not None and step.roles[t] is Role.HALO else 0,
+         tuple(along.get(a, ()))) for t, a in enumerate(step.axes)))
+    loose = tuple(n for n, x in zip(leaf.param_shape, leaf.param_axes) if x is None) if weighted else ()
+    return (axes, step.flow, step.in_dtype, step.out_dtype, step.scalar, step.conj, step.barrier,
+            leaf is not None, weighted and (leaf.name, leaf.param_dtype, loose), step.dense and leaf.dense_axes,
+            len(step.terms))
+
+
+def _maps(p: Program, q: Program, perm: tuple[int, ...]) -> bool:
+    """Whether `perm` maps program `p` onto `q` as the search sees them: each step onto one
+    alike, the order between them kept, a sum's terms onto the image's terms."""
+    if len(p.steps) != len(q.steps) or any(q.shape[perm[a]] != n for a, n in enumerate(p.shape)):
+        return False
+    targets: dict = {}
+    for k, step in enumerate(q.steps):
+        targets.setdefault(_view(step, tuple(range(len(perm)))), []).append(k)
+    image = []
+    for step in p.steps:
+        alike = targets.get(_view(step, perm))
+        if not alike:
+            return False
+        image.append(alike.pop(0))
+    for j, k in enumerate(image):
+        preds = sum(1 << image[i] for i in range(len(p.steps)) if p.preds[j] >> i & 1)
+        if preds != q.preds[k] or not all(_maps(t, u, perm) for t, u in zip(p.steps[j].terms, q.steps[k].terms)):
+            return False
+    return True
+
+
+def _weight_moves(prog: Program, perm: tuple[int, ...]) -> tuple | None:
+    """`((name, where each of its axes goes), ...)` of `prog`'s weights under `perm`: a weight
+    axis along tensor axis `a` goes to the one along `perm[a]` (None where its step has none
+    there, or more than one)."""
+    found: dict = {}
+    for step in _steps(prog):
+        if step.weighted and step.leaf.name not in found:
+            leaf, first = step.leaf, step.axes[0] if step.axes else 0
+            at = {first + x: w for w, x in enumerate(leaf.param_axes) if x is not None}
+            goes = tuple(w if x is None else at.get(perm[first + x]) for w, x in enumerate(leaf.param_axes))
+            if None in goes or len(set(goes)) != len(goes):
+                return None
+            found[step.leaf.name] = goes
+    return tuple(found.items())
+
+
 def _add(a: Cost, b: Cost) -> Cost:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
 
@@ -344,11 +452,25 @@ def _structure(prog: Program, itemsize: int, pinned: Mapping) -> tuple:
 Frame = tuple
 
 
+class Tables:
+    """What the searches of one plan (one mesh, cost model and `shard_weights`: a search
+    and those it starts for its bounds and its symmetry) share, whatever their pins: the
+    interned values, the programs' contexts, the tensor's states, and the moves from each
+    state with their costs."""
+
+    def __init__(self):
+        self.interned: dict = {}
+        self.contexts: dict = {}
+        self.states: dict = {}  # (sizes, itemsize, layout) -> State
+        self.moves: dict = {}  # (sizes, itemsize, layout, step or None, its pinned weight) -> moves
+
+
 class Search:
     """Routes through programs on one mesh, for one cost model."""
 
     def __init__(self, mesh_shape, cost: CostModel, shard_weights: bool | str = "auto",
-                 exhaustive: bool = False, max_states: int = MAX_STATES, pinned: Mapping | None = None):
+                 exhaustive: bool = False, max_states: int = MAX_STATES, pinned: Mapping | None = None,
+                 *, tables: Tables | None = None):
         self.pinned = dict(pinned or {})  # weight name -> the mesh axes splitting each of its axes
         self.mesh = tuple(mesh_shape.items())
         self.mesh_sizes = dict(mesh_shape)
@@ -358,8 +480,12 @@ class Search:
         self._expanded = 0
         self.split_counts = {math.prod(c) for k in range(1, len(self.mesh) + 1)
                              for c in itertools.combinations(self.mesh_sizes.values(), k)}
-        self._interned: dict = {}
-        self._contexts: dict = {}
+        self._tables(Tables() if tables is None else tables)
+
+    def _tables(self, tables: Tables) -> None:
+        """Starts every memo table afresh, sharing `tables`."""
+        self.tables = tables
+        self._interned = tables.interned
         self._nodes: dict = {}
         self._lines: dict = {}
         self._frame_bounds: dict = {}
@@ -374,6 +500,15 @@ class Search:
         self._pins: dict = {}
         self._renamed: dict = {}  # renamed pins -> the search with them: the symmetry's searches
 
+    def release(self) -> None:
+        """Drops the tables (a finished search needs none of them) so that their millions of
+        objects are freed at once, not traversed by the garbage collector first; the states
+        expanded are kept."""
+        self._expanded = self.expanded
+        for found in self._exits.values():
+            found.ends.close()  # its search's frame refers back to the search
+        self._tables(Tables())
+
     @property
     def expanded(self) -> int:
         """The states this search expanded, with those of its searches with renamed pins."""
@@ -387,17 +522,32 @@ class Search:
         return found
 
     def context(self, prog: Program, shape, itemsize: int) -> Context:
+        contexts = self.tables.contexts
         key = (id(prog), shape, itemsize)
-        if key not in self._contexts:
-            self._contexts[key] = Context(prog, shape, itemsize, bool(self.shard_weights), frozenset(self.split_counts))
-        return self._contexts[key]
+        if key not in contexts:
+            contexts[key] = Context(prog, shape, itemsize, bool(self.shard_weights), frozenset(self.split_counts))
+        return contexts[key]
 
     def node(self, ctx: Context, done: int, lay: Interned) -> Node:
         key = (ctx, done, lay)
         node = self._nodes.get(key)
         if node is None:
-            node = self._nodes[key] = Node(State(ctx.sizes(done), lay.value, ctx.itemsize(done), self.mesh))
+            node = self._nodes[key] = Node(self.state(ctx.sizes(done), ctx.itemsize(done), lay))
         return node
+
+    def state(self, sizes: tuple[int, ...], itemsize: int, lay: Interned) -> State:
+        """The tensor of `sizes` and `itemsize` laid out as `lay` (one object per such tensor)."""
+        states = self.tables.states
+        found = states.get((sizes, itemsize, lay))
+        if found is None:
+            found = states[(sizes, itemsize, lay)] = State(sizes, lay.value, itemsize, self.mesh)
+        return found
+
+    def sub(self, pinned: Mapping) -> "Search":
+        """A search of its own on the same mesh and cost model, sharing this one's tables,
+        with the weights in `pinned` pinned."""
+        return Search(self.mesh_sizes, self.cost, self.shard_weights, max_states=self.max_states, pinned=pinned,
+                      tables=self.tables)
 
     def term(self, frame: Frame, k: int) -> Context:
         parent, after, j, _, _, _ = frame
@@ -420,6 +570,7 @@ class Search:
             return self._run(root, entries, goal)
         finally:
             if collecting:
+                self.release()
                 gc.enable()
 
     def _run(self, root: Context, entries: list, goal: Goal, after: bool = False):
@@ -454,6 +605,21 @@ class Search:
                 heap.append(((self.bound(start, goal),) + ZERO[1:], next(tie), ZERO, start))
         heapq.heapify(heap)
         accepted: dict = {}
+
+        def reach(state, edge, nxt, taken, total, bounds, lines):
+            """`nxt` by `edge` from `state` (`taken`: the actions forced after it), at `total`;
+            `bounds` or `lines`: its node's memos (`Node`), if at hand."""
+            if total < best.get(nxt, INFINITE):
+                best[nxt] = total
+                back[nxt] = ((state, edge), taken)
+                if bounds is None:
+                    bound = self.bound(nxt, goal, lines)
+                else:
+                    bound = bounds.get(goal)
+                    if bound is None:
+                        bound = bounds[goal] = self.bound(nxt, goal)
+                heapq.heappush(heap, ((total[0] + bound, total[1], total[2], total[3]), next(tie), total, nxt))
+
         while heap:
             _, _, cost, state = heapq.heappop(heap)
             if best[state] < cost:
@@ -471,17 +637,33 @@ class Search:
                 raise PlanningError(
                     f"the planner gave up after {self.max_states} states: the operator is too large to plan "
                     "exhaustively; distribute its parts separately or split fewer axes")
+            node = self.node(ctx, done, lay)
+            if node.moves is None:
+                self.fill(ctx, done, node)
+            for edge, nxt in self.openings(state, node):
+                nxt, taken = self.settle(nxt)
+                reach(state, edge, nxt, taken, cost, None, None)
             held = after and fr is None and done == 0
-            for edge, nxt, delta in self.moves(state, *back[state]):
-                if held and isinstance(edge[-1], (AllToAll, Split)) and not self.node(*nxt[1:]).here.any_padded:
+            arrived, forced = back[state]
+            last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
+            # the search drops a move that moves the mesh axes the last move moved, when no step ran since
+            undo = (last.axes, last.dst) if isinstance(last, (AllToAll, Split)) else None
+            frame = fr.value[-1] if fr is not None else None
+            hands = frame is not None and frame[3] > 0  # a later term: it hands over where the first ended
+            c0, c1, c2, c3 = cost
+            for edge, ndone, nlay, delta, taken, nbounds, nlines, top, moved, frees in node.moves:
+                if undo is not None and moved == undo:
+                    continue  # the same mesh axes again at once: one move from before does it
+                if held and frees:
                     continue  # the earlier operator's move (to a padded layout, no barrier could run between)
-                nxt, forced = self.settle(nxt)
-                total = _add(cost, delta)
-                if total < best.get(nxt, INFINITE):
-                    best[nxt] = total
-                    back[nxt] = ((state, edge), forced)
-                    bound = self.bound(nxt, goal)
-                    heapq.heappush(heap, ((total[0] + bound,) + total[1:], next(tie), total, nxt))
+                total = (c0 + delta[0], c1 + delta[1], c2 + delta[2], c3 + delta[3])
+                if fr is None:
+                    reach(state, edge, top, taken, total, nbounds, None)
+                elif hands and ndone == ctx.full and nlay is frame[5]:
+                    nxt, more = self.settle((fr, ctx, ndone, nlay))
+                    reach(state, edge, nxt, taken + more, total, None, None)
+                else:
+                    reach(state, edge, (fr, ctx, ndone, nlay), taken, total, None, nlines)
             yield None, None, back, heap
 
     # -- chains ------------------------------------------------------------------------------
@@ -505,24 +687,31 @@ class Search:
         contexts = [self.context(p, p.shape, root.itemsize(before[i])) for i, p in enumerate(progs)]
         summing = [bool(root.psum_steps & root.segments[i]) for i in range(n)]
         pins = [self.pins(p) for p in progs]
+        autos = [automorphisms(p) for p in progs[:-1]]  # the last operator's goal breaks its symmetries
         kinds: dict = {}  # (operator, its renamed pins) -> its structure with them
+        searched: dict = {}  # (operator, layout) -> `exits`
 
-        def exits(i: int, lay: Interned) -> tuple[Exits, dict | None]:
-            """Operator i's exits from `lay`, and the renaming of mesh axes that gives them (None: none).
+        def exits(i: int, lay: Interned) -> tuple[Exits, tuple | None]:
+            """Operator i's exits from `lay`, and the symmetry that gives them (`(names, perm)` for
+            `_move`; None: none).
 
             An operator between two others costs the same between two layouts, with its weights
-            pinned, as between the same layouts with mesh axes of equal size swapped and its
-            weights pinned where the swap takes them: its exits are searched once per class."""
-            ends = goal if i == n - 1 else Goal.any()
-            renamed, names, moved = self.canonical(lay, pins[i]) if i < n - 1 else (lay, None, pins[i])
-            search = self.renamed(moved)
-            if (i, moved) not in kinds:
-                kinds[(i, moved)] = _structure(progs[i], root.itemsize(before[i]), search.pinned)
-            key = (kinds[(i, moved)], renamed, ends, i > 0, i < n - 1)
-            found = self._exits.get(key)
-            if found is None:
-                found = self._exits[key] = Exits(search.explore(contexts[i], [renamed.value], ends, *key[3:]))
-            return found, names
+            pinned, as between the same layouts with mesh axes of equal size swapped, or its tensor
+            axes permuted by one of its `automorphisms`, and its weights pinned where that takes
+            them: its exits are searched once per class."""
+            mine = searched.get((i, lay))
+            if mine is None:
+                ends = goal if i == n - 1 else Goal.any()
+                renamed, names, moved = self.canonical(lay, pins[i], autos[i]) if i < n - 1 else (lay, None, pins[i])
+                search = self.renamed(moved)
+                if (i, moved) not in kinds:  # interned: the key is hashed by identity
+                    kinds[(i, moved)] = self.intern(_structure(progs[i], root.itemsize(before[i]), search.pinned))
+                key = (kinds[(i, moved)], renamed, ends, i > 0, i < n - 1)
+                found = self._exits.get(key)
+                if found is None:
+                    found = self._exits[key] = Exits(search.explore(contexts[i], [renamed.value], ends, *key[3:]))
+                mine = searched[(i, lay)] = (found, names)
+            return mine
 
         start = self.intern(entry)
         best, back = {(0, start): ZERO}, {}
@@ -539,7 +728,7 @@ class Search:
             elif k < len(exits(i, lay)[0].found):  # the k-th exit of operator i from `lay`
                 found, names = exits(i, lay)
                 step, out = found.found[k]
-                out = self.intern(out.value if names is None else _rename(out.value, names))
+                out = self.intern(out.value if names is None else _move(out.value, *names))
                 total = _add(cost, step)
                 if total < best.get((i + 1, out), INFINITE):
                     best[(i + 1, out)] = total
@@ -597,26 +786,35 @@ class Search:
             return self
         found = self._renamed.get(pins)
         if found is None:
-            found = self._renamed[pins] = Search(self.mesh_sizes, self.cost, self.shard_weights,
-                                                 max_states=self.max_states, pinned={**self.pinned, **dict(pins)})
+            found = self._renamed[pins] = self.sub({**self.pinned, **dict(pins)})
         return found
 
-    def canonical(self, lay: Interned, pins: tuple = ()) -> tuple[Interned, dict, tuple]:
-        """`(σ(lay), σ⁻¹, σ(pins))` for the renaming σ of mesh axes of equal size that gives
-        the least `(σ(pins), σ(lay))` (`pins`: `(name, layout)` of pinned weights): one
-        representative per class of (layout, pins) alike up to such a swap (memoised)."""
-        key = (lay, pins)
+    def canonical(self, lay: Interned, pins: tuple = (), autos: tuple = ()) -> tuple[Interned, tuple, tuple]:
+        """`(g(lay), g⁻¹, g(pins))` for the symmetry `g` that gives the least `(g(pins), g(lay))`:
+        one representative per class of (layout, pins) alike up to a symmetry (memoised).
+        The symmetries: renamings of mesh axes of equal size, each with each of `autos` (the
+        program's `automorphisms`; none: the identity alone), pins renamed and moved along
+        (`pins`: `(name, layout)` of pinned weights). `g⁻¹` is `(names, perm)` for `_move`."""
+        key = (lay, pins, autos)
         found = self._canonical.get(key)
         if found is None:
             groups = {}
             for name, size in self.mesh:
                 groups.setdefault(size, []).append(name)
+            identity = tuple(range(len(lay.value)))
             best = None
             for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
                 names = {a: b for g, order in zip(groups.values(), orders) for a, b in zip(g, order)}
-                candidate = (tuple((w, _rename(spec, names)) for w, spec in pins), _rename(lay.value, names))
-                if best is None or candidate < best[0]:
-                    best = (candidate, {b: a for a, b in names.items()})
+                for perm, weights in autos or ((identity, ()),):
+                    goes = dict(weights)
+                    moved = tuple((w, _move(spec, names, goes[w]) if w in goes else _rename(spec, names))
+                                  for w, spec in pins)
+                    if best is not None and moved > best[0][0]:
+                        continue
+                    candidate = (moved, _move(lay.value, names, perm))
+                    if best is None or candidate < best[0]:
+                        back = tuple(sorted(range(len(perm)), key=perm.__getitem__))
+                        best = (candidate, ({b: a for a, b in names.items()}, back))
             (moved, value), back = best
             found = self._canonical[key] = (self.intern(value), back, moved)
         return found
@@ -670,7 +868,7 @@ class Search:
                 progress = False
                 for j in ctx.ready(done):
                     step = ctx.steps[j]
-                    if (step.terms or step.weighted or ctx.factors[j] > 1 or not self.keeps_padding(step)
+                    if (step.terms or step.weighted or ctx.factors[j] > 1 or not ctx.keeps_padding[j]
                             or not runs_as_is(step, self.node(ctx, done, lay).here)):
                         continue
                     taken.append(Local(step))
@@ -681,12 +879,6 @@ class Search:
             if done != start:
                 self.node(ctx, done, lay).settled = (done, ())
         return node.settled
-
-    def keeps_padding(self, step) -> bool:
-        """Whether every split that may pad one of `step`'s axes before it may do so after
-        it too (so running it early never rules out a move)."""
-        return all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
-                   for q in self.split_counts)
 
     def hand_over(self, state):
         """A sum's term has run to its exit: the next term starts from the entry layout, or
@@ -701,41 +893,58 @@ class Search:
         outer = self.intern(frames[:-1]) if len(frames) > 1 else None
         return Exit(), (outer, parent, after, lay)
 
-    def moves(self, state, arrived, forced) -> Iterator[tuple[tuple, tuple, Cost]]:
-        """`(edge, next state, cost)` of every move from `state`; `arrived` is the best route's
-        last edge to it and `forced` what settled after it (the search drops a move that
-        moves the mesh axes the last move moved, when no step ran since)."""
+    def openings(self, state, node: Node) -> Iterator[tuple[tuple, tuple]]:
+        """`(edge, next state)` of the moves from `state` that depend on its sum frames (each
+        costs nothing): a ready sum's first term starts, or a term that has run hands over."""
         fr, ctx, done, lay = state
-        node = self.node(ctx, done, lay)
-        if node.moves is None:
-            self.fill(ctx, done, node)
         frames = fr.value if fr is not None else ()
         for j in node.sums:
             frame = (ctx, done | 1 << j, j, 0, lay, None)
-            yield (Enter(ctx.steps[j]),), (self.intern(frames + (frame,)), self.term(frame, 0), 0, lay), ZERO
+            yield (Enter(ctx.steps[j]),), (self.intern(frames + (frame,)), self.term(frame, 0), 0, lay)
         if frames and done == ctx.full and (frames[-1][3] == 0 or lay is frames[-1][5]):
             marker, nxt = self.hand_over(state)
-            yield (marker,), nxt, ZERO
-        last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
-        undo = (last.axes, last.dst) if isinstance(last, (AllToAll, Split)) else None
-        for action, ndone, nlay, cost in node.moves:
-            if undo is not None and isinstance(action, AllToAll) and (action.axes, action.src) == undo:
-                continue  # the same mesh axes again at once: one move from before does it
-            yield (action,), (fr, ctx, ndone, nlay), cost
+            yield (marker,), nxt
 
     def fill(self, ctx: Context, done: int, node: Node) -> None:
-        """The moves from `node` that do not depend on the sum frames around it."""
+        """The moves from `node` that do not depend on the sum frames around it, each with
+        the steps it forces (`Node.moves`)."""
         here, moves, sums = node.here, [], []
+        place = (here.sizes, here.itemsize, self.intern(here.layout))
+        found = []
         for j in ctx.ready(done):
             step = ctx.steps[j]
             if step.terms:
                 sums.append(j)
                 continue
-            for action in self.forms(step, here):
-                moves.append((action, done | 1 << j, self.intern(action.after(here)), self.price(action, here)))
-        for action in itertools.chain(AllToAll.candidates(here), Split.candidates(here)):
-            moves.append((action, done, self.intern(action.after(here)), self.price(action, here)))
+            found.extend((done | 1 << j,) + move for move in self.step_moves(place, step, here))
+        found.extend((done,) + move for move in self.step_moves(place, None, here))
+        for ndone, action, nlay, cost, moved, frees in found:
+            sdone, taken = (ndone, ()) if self.exhaustive else self.forced(ctx, ndone, nlay)
+            nnode = self.node(ctx, sdone, nlay)
+            moves.append(((action,), sdone, nlay, cost, taken, nnode.bounds, nnode.lines, (None, ctx, sdone, nlay),
+                          moved, frees))
         node.moves, node.sums = moves, tuple(sums)
+
+    def step_moves(self, place: tuple, step: Step | None, here: State) -> list:
+        """`(action, next layout, cost, moved, frees)` of each way `step` can run from `here`
+        (`place`: its sizes, itemsize and layout), or for None each `AllToAll` and `Split`
+        (`moved`: the mesh axes and source axis of an `AllToAll`; `frees`: whether it moves
+        to an unpadded layout); shared by the searches of one plan."""
+        pin = self.pinned.get(step.leaf.name) if step is not None and step.weighted else None
+        key = place + (step, pin)
+        found = self.tables.moves.get(key)
+        if found is None:
+            found = self.tables.moves[key] = []
+            if step is not None:
+                for action in self.forms(step, here):
+                    found.append((action, self.intern(action.after(here)), self.price(action, here), None, False))
+            for action in (() if step is not None else itertools.chain(AllToAll.candidates(here),
+                                                                         Split.candidates(here))):
+                nlay = self.intern(action.after(here))
+                moved = (action.axes, action.src) if isinstance(action, AllToAll) else None
+                frees = not self.state(here.sizes, here.itemsize, nlay).any_padded
+                found.append((action, nlay, self.price(action, here), moved, frees))
+        return found
 
     def forms(self, step, here: State) -> Iterator[StepAction]:
         """The ways `step` can run from `here` (with its weight where it is pinned)."""
@@ -752,33 +961,40 @@ class Search:
             self._exit_goals[lay] = Goal.layout(lay.value)
         return self._exit_goals[lay]
 
-    def bound(self, state, goal: Goal) -> float:
+    def bound(self, state, goal: Goal, lines: dict | None = None) -> float:
         """A lower bound on the cost from `state` to the end (0 for the oracle). See
         `chain_line`; a sum's later terms add their own, from the sum's entry layout;
         inside a term, the rest of the program around the sum adds its own from the exit
-        layout once that is known."""
+        layout once that is known. `lines`: the `line`s of the state's node, if at hand."""
         if self.exhaustive:
             return 0.0
         fr, ctx, done, lay = state
         if fr is None:
             return self.chain_line(ctx, done, lay, goal)
-        parent, after, j, k, entry, exit_ = fr.value[-1]
-        top = len(fr.value) == 1
-        ends = self.exit_goal(exit_)
-        rest = self._frame_bounds.get(fr)
-        if rest is None:
+        found = self._frame_bounds.get(fr)
+        if found is None:
+            parent, after, j, k, entry, exit_ = fr.value[-1]
+            top = len(fr.value) == 1
+            ends = self.exit_goal(exit_)
             rest = sum(self.term_bound(self.term(fr.value[-1], t), entry, ends)
                        for t in range(k + 1, len(parent.steps[j].terms)))
             if top and k > 0:  # the program goes on from the known exit
                 rest += self.chain_line(parent, after, exit_, goal)
-            self._frame_bounds[fr] = rest
-        if top and k == 0:  # term 0's exit is where the program goes on: the chain's later operators
-            # (from the mesh axes in use now, not cached with the frame; the sum may still psum)
-            rest += self.later(parent, after & ~(1 << j), lay, goal)
-        if k > 0:
+            # term 0's exit is where the program goes on: the chain's later operators (from the mesh axes
+            # in use now, not cached with the frame; the sum may still psum)
+            later = (parent, after & ~(1 << j)) if top and k == 0 else None
+            last = top and after == parent.full  # the sum ends the program: its exit is the output
+            found = self._frame_bounds[fr] = (rest, later, ends if k > 0 else None, k == 0 and last)
+        rest, later, ends, last = found
+        if later is not None:
+            rest += self.later(later[0], later[1], lay, goal)
+        ends = goal if last else ends
+        if lines is None:
             return self.line(ctx, done, lay, ends) + rest
-        last = top and after == parent.full  # the sum ends the program: its exit is the output
-        return self.line(ctx, done, lay, goal if last else None) + rest
+        found = lines.get(ends)
+        if found is None:
+            found = lines[ends] = self.line(ctx, done, lay, ends)
+        return found + rest
 
     def term_bound(self, term: Context, entry: Interned, ends: Goal | None) -> float:
         """A lower bound on a sum's term from the sum's entry layout to its exit (`ends`;
@@ -788,8 +1004,7 @@ class Search:
         found = self._term_bounds.get(key)
         if found is None:
             if self._term_search is None:
-                self._term_search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
-                                           pinned=self.pinned)
+                self._term_search = self.sub(self.pinned)
             search, least = self._term_search, 0.0
             try:
                 for cost, state, _, _ in search.explore(search.context(term.prog, term.shape, term.itemsize0),
@@ -846,10 +1061,10 @@ class Search:
                 if goal is Goal.any() and entries:
                     # layouts alike up to swapping mesh axes of equal size (and the pins with them) cost
                     # alike: one of each, with the pins where the swap takes them (the same swap for all)
-                    canon = [self.canonical(self.intern(e), pins) for e in entries]
+                    autos = automorphisms(prog)
+                    canon = [self.canonical(self.intern(e), pins, autos) for e in entries]
                     entries, pins = list(dict.fromkeys(c[0].value for c in canon)), canon[0][2]
-                search = Search(dict(self.mesh), self.cost, self.shard_weights, max_states=self.max_states,
-                                pinned={**self.pinned, **dict(pins)})
+                search = self.sub({**self.pinned, **dict(pins)})
                 try:
                     self._entry_bounds[alike] = search.run(prog, entries, goal, ctx.itemsize(before))[0][0]
                 except PlanningError:
@@ -896,11 +1111,12 @@ class Search:
             return cached
         layout = lay.value
         sizes = ctx.sizes(done)
+        splits = self.state(sizes, ctx.itemsize(done), lay).splits
         pending = ~done & scope
         mesh = self.mesh_sizes
         departures, whole = set(), set()  # `whole`: departures that take every mesh axis away
         for a, axes in enumerate(layout):
-            if axes and (sizes[a] % math.prod(mesh[n] for n in axes) or ctx.needs[a] & pending):
+            if axes and (sizes[a] % splits[a] or ctx.needs[a] & pending):
                 whole.add(a)
             if a in whole or (axes and goal is not None and goal.conflicts(a, axes)):
                 departures.add(a)
