@@ -971,7 +971,7 @@ class Search:
         fr, ctx, done, lay = state
         if fr is None:
             return self.chain_line(ctx, done, lay, goal)
-        found = self._frame_bounds.get(fr)
+        found = self._frame_bounds.get((fr, goal))  # the goal: the program's end, in the bound past the sum
         if found is None:
             parent, after, j, k, entry, exit_ = fr.value[-1]
             top = len(fr.value) == 1
@@ -984,7 +984,7 @@ class Search:
             # in use now, not cached with the frame; the sum may still psum)
             later = (parent, after & ~(1 << j)) if top and k == 0 else None
             last = top and after == parent.full  # the sum ends the program: its exit is the output
-            found = self._frame_bounds[fr] = (rest, later, ends if k > 0 else None, k == 0 and last)
+            found = self._frame_bounds[fr, goal] = (rest, later, ends if k > 0 else None, k == 0 and last)
         rest, later, ends, last = found
         if later is not None:
             rest += self.later(later[0], later[1], lay, goal)
