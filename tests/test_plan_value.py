@@ -175,3 +175,15 @@ def test_a_model_keeps_its_operators_for_a_bounded_number_of_batch_sizes(monkeyp
         dist.operators(b)
     assert sorted(dist._batches) == [2, 8, 10]
     assert [D.plan for D in dist.operators(4)] == first
+
+
+def test_a_batch_size_the_reference_placements_cannot_serve_is_a_clear_error():
+    """Planned at 2 samples, the spectral weights take the mesh axis the batch cannot hold
+    at 1 sample: no plan keeps them there, and the error says so and what to do."""
+    mesh = jax.make_mesh((2, 2), ("a", "b"))
+    model = FNO((4, 4, 2), width=2, modes=(2, 2, 1), layers=2, projection=2)
+    dist = model.distribute(P(None, None, "a", "b", None), mesh=mesh, batch=2)
+    with pytest.raises(ValueError, match=r"a batch of 1 samples cannot be planned with the weights where the plan "
+                                         r"of the reference batch size 2 puts them \(\{'spectral0': .*batch=1"):
+        dist.operators(1)
+    assert model.distribute(P(None, None, "a", "b", None), mesh=mesh, batch=1).operators(1)

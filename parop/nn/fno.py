@@ -411,7 +411,14 @@ class DistributedFNO(FNO):
             raise ValueError(f"FNO.distribute: a batch of {b} samples cannot be split in {split} (the partition's "
                              f"batch entry): use a multiple of {split}")
         first = self.operators(self.reference_batch)[0]
-        return self._chain(b, first.in_sharding.spec, first.mesh, first.cost, self.weights)
+        try:
+            return self._chain(b, first.in_sharding.spec, first.mesh, first.cost, self.weights)
+        except ValueError as error:
+            placed = {n: s for n, s in self.weights.items() if any(s)}  # the split ones
+            raise ValueError(
+                f"FNO.distribute: a batch of {b} samples cannot be planned with the weights where the plan of the "
+                f"reference batch size {self.reference_batch} puts them ({placed}); distribute with "
+                f"batch={b} (the reference batch size: every other batch size keeps its placements)") from error
 
     def _blocked_projection(self, θ: Params, h: jax.Array) -> jax.Array:
         """The remat projection on each device's block, in the layout where the planned
