@@ -498,6 +498,7 @@ class Search:
         self._rests: dict = {}
         self._canonical: dict = {}
         self._pins: dict = {}
+        self._pinned_splits: dict = {}
         self._renamed: dict = {}  # renamed pins -> the search with them: the symmetry's searches
 
     def release(self) -> None:
@@ -606,19 +607,22 @@ class Search:
         heapq.heapify(heap)
         accepted: dict = {}
 
+        least = best.get
+        push = heapq.heappush
+
         def reach(state, edge, nxt, taken, total, bounds, lines):
-            """`nxt` by `edge` from `state` (`taken`: the actions forced after it), at `total`;
+            """`nxt` by `edge` from `state` (`taken`: the actions forced after it), at `total`,
+            if that is less than known (the callers in the loop below check first);
             `bounds` or `lines`: its node's memos (`Node`), if at hand."""
-            if total < best.get(nxt, INFINITE):
-                best[nxt] = total
-                back[nxt] = ((state, edge), taken)
-                if bounds is None:
-                    bound = self.bound(nxt, goal, lines)
-                else:
-                    bound = bounds.get(goal)
-                    if bound is None:
-                        bound = bounds[goal] = self.bound(nxt, goal)
-                heapq.heappush(heap, ((total[0] + bound, total[1], total[2], total[3]), next(tie), total, nxt))
+            best[nxt] = total
+            back[nxt] = ((state, edge), taken)
+            if bounds is None:
+                bound = self.bound(nxt, goal, lines)
+            else:
+                bound = bounds.get(goal)
+                if bound is None:
+                    bound = bounds[goal] = self.bound(nxt, goal)
+            push(heap, ((total[0] + bound, total[1], total[2], total[3]), next(tie), total, nxt))
 
         while heap:
             _, _, cost, state = heapq.heappop(heap)
@@ -642,7 +646,8 @@ class Search:
                 self.fill(ctx, done, node)
             for edge, nxt in self.openings(state, node):
                 nxt, taken = self.settle(nxt)
-                reach(state, edge, nxt, taken, cost, None, None)
+                if cost < least(nxt, INFINITE):
+                    reach(state, edge, nxt, taken, cost, None, None)
             held = after and fr is None and done == 0
             arrived, forced = back[state]
             last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
@@ -658,12 +663,16 @@ class Search:
                     continue  # the earlier operator's move (to a padded layout, no barrier could run between)
                 total = (c0 + delta[0], c1 + delta[1], c2 + delta[2], c3 + delta[3])
                 if fr is None:
-                    reach(state, edge, top, taken, total, nbounds, None)
+                    if total < least(top, INFINITE):
+                        reach(state, edge, top, taken, total, nbounds, None)
                 elif hands and ndone == ctx.full and nlay is frame[5]:
                     nxt, more = self.settle((fr, ctx, ndone, nlay))
-                    reach(state, edge, nxt, taken + more, total, None, None)
+                    if total < least(nxt, INFINITE):
+                        reach(state, edge, nxt, taken + more, total, None, None)
                 else:
-                    reach(state, edge, (fr, ctx, ndone, nlay), taken, total, None, nlines)
+                    nxt = (fr, ctx, ndone, nlay)
+                    if total < least(nxt, INFINITE):
+                        reach(state, edge, nxt, taken, total, None, nlines)
             yield None, None, back, heap
 
     # -- chains ------------------------------------------------------------------------------
@@ -1132,10 +1141,12 @@ class Search:
             arrivals = [b for b in arrivals if b not in carried]
         total = 0.0
         dense = False  # whether a dense Matrix's collective (which may be a psum) is counted
+        shared = 0  # the collectives counted for a dense Matrix or a pointwise weight (see `after_pins`)
         if self.cost.training and any(layout) and not ctx.reduces & pending:
             if ctx.dense & pending and not any(ctx.psums[a] & pending for a in departures):
                 total += self.cost.latency_bytes
                 dense = True
+                shared += 1
             parked = [a for a, axes in enumerate(layout) if axes and a not in departures]
             # a mesh axis the goal wants on an axis the weight runs along may arrive there before
             # the weight's step (if no step needing that axis whole must follow it): that move is
@@ -1150,6 +1161,7 @@ class Search:
             if any(pending >> j & 1 and any(a not in along and not arrives(j, along, a) for a in parked)
                    for j, along in ctx.pointwise):
                 total += self.cost.latency_bytes
+                shared += 1
         if departures or arrivals:
             ways = 2 if self.cost.training else 1
             latency = self.cost.latency_bytes
@@ -1188,8 +1200,60 @@ class Search:
                     total += min(sum(costs), shared + sum(min(c, split) for c in costs))
                 else:
                     total += sum(costs)
+        if goal is None or goal.prefixes is None:
+            total += self.after_pins(ctx, done, layout, pending, departures, shared)
         self._lines[key] = total
         return total
+
+    def after_pins(self, ctx: Context, done: int, layout: Layout, pending: int, departures: set,
+                   shared: int) -> float:
+        """`line`'s share for pinned weights (where no goal wants a layout): a pending
+        pointwise step whose weight is pinned runs with each tensor axis its weight runs
+        along split as the pin says, so such an axis split there, that a later step needs
+        whole (and no `psum` can take its split away), needs a collective with it as its
+        source after that step: not a departure counted before the step (one that must
+        come before the first step needing its axis whole, when that step precedes the
+        pinned one). Each is priced at its least, as a departure; less one latency for
+        each collective of a dense `Matrix` or a pointwise weight counted (`shared`: either
+        may be one of these)."""
+        found = self._pinned_splits.get(ctx)
+        if found is None:
+            found = self._pinned_splits[ctx] = self.pinned_splits(ctx)
+        axes = {}
+        for j, splits in found:
+            if not pending >> j & 1:
+                continue
+            for a, smallest in splits:
+                if a in axes or not ctx.needs[a] & pending & ctx.descendants[j] or ctx.psums[a] & pending:
+                    continue
+                if a in departures:
+                    needs = ctx.needs[a] & pending
+                    first = (needs & -needs).bit_length() - 1
+                    if not needs or not (ctx.whole(first) and ctx.ancestors[j] >> first & 1):
+                        continue  # the departure counted may be this one
+                axes[a] = smallest
+        if not axes:
+            return 0.0
+        ways = 2 if self.cost.training else 1
+        latency = self.cost.latency_bytes
+        least = ctx.least_bytes(done)
+        extra = sum(ways * (latency + least * (n - 1) / n / self.devices) for n in axes.values())
+        return max(0.0, extra - shared * latency)
+
+    def pinned_splits(self, ctx: Context) -> tuple:
+        """`(step, ((tensor axis, its least mesh axis size), ...))` of `ctx`'s pointwise
+        steps with a pinned weight, for the tensor axes the pin splits."""
+        found = []
+        for j, step in enumerate(ctx.steps):
+            if step.terms or not step.weighted or step.dense or step.leaf.name not in self.pinned:
+                continue
+            first = step.axes[0] if step.axes else 0
+            splits = {first + x: min(self.mesh_sizes[n] for n in names)
+                      for x, names in zip(step.leaf.param_axes, self.pinned[step.leaf.name])
+                      if x is not None and names}
+            if splits:
+                found.append((j, tuple(splits.items())))
+        return tuple(found)
 
 
 def _matching(edges: dict) -> dict:
