@@ -16,6 +16,7 @@ Two searches share the moves and the costs:
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import heapq
 import itertools
@@ -24,7 +25,7 @@ from typing import Iterator, Mapping
 
 from ...operators import Role
 from ..layout import Layout, layouts, pads
-from .actions import AllToAll, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, runs_as_is
+from .actions import AllToAll, Branch, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, runs_as_is
 from .cost import CostModel
 from .goal import Goal
 from .program import Program, Step
@@ -772,10 +773,18 @@ class Search:
             layouts.append(back[(i, layouts[-1])])
         layouts.reverse()
         cost, actions = ZERO, ()
+        routes: dict = {}  # (structure, layouts, ...) -> (operator, cost, route): operators alike share one
         for i, prog in enumerate(progs):
-            ends = goal if i == n - 1 else Goal.layout(layouts[i + 1].value)
-            step, route = self._run(self.context(prog, prog.shape, root.itemsize(root.before(i))),
-                                    [layouts[i].value], ends, i > 0)  # as its exits were found
+            itemsize = root.itemsize(root.before(i))
+            key = (_structure(prog, itemsize, self.pinned), layouts[i], layouts[i + 1] if i < n - 1 else goal, i > 0)
+            if key in routes:
+                first, step, route = routes[key]
+                route = _renamed(route, dict(zip(map(id, _steps(first)), _steps(prog))))
+            else:
+                ends = goal if i == n - 1 else Goal.layout(layouts[i + 1].value)
+                step, route = self._run(self.context(prog, prog.shape, itemsize),
+                                        [layouts[i].value], ends, i > 0)  # as its exits were found
+                routes[key] = (prog, step, route)
             barrier = () if i == n - 1 else (Local(root.steps[root.segments[i].bit_length() - 1]),)
             cost, actions = _add(cost, step), actions + route + barrier
         return cost, actions
@@ -1274,6 +1283,19 @@ def _matching(edges: dict) -> dict:
     for b in edges:
         augment(b, set())
     return pair
+
+
+def _renamed(actions: tuple, steps: Mapping[int, Step]) -> tuple:
+    """`actions` with each step `s` they run replaced by `steps[id(s)]` (an operator's route
+    taken by another operator alike but for its weights' names)."""
+    out = []
+    for action in actions:
+        if isinstance(action, Branch):
+            action = Branch(steps[id(action.step)], tuple(_renamed(term, steps) for term in action.terms))
+        elif isinstance(action, StepAction):
+            action = dataclasses.replace(action, step=steps[id(action.step)])
+        out.append(action)
+    return tuple(out)
 
 
 def _route(back: dict, state) -> list:
