@@ -690,7 +690,7 @@ class Search:
         (`rest`) as its bound. Operators alike but for their weights' names (a network's
         identical layers) share their exits, and so do layouts alike up to swapping mesh
         axes of equal size where that changes no cost. The route through each operator
-        is then found again between the two layouts chosen."""
+        is then found again between the two layouts chosen (`chain_route`)."""
         n = len(root.segments)
         before = [root.before(i) for i in range(n)]
         progs = [root.prog.segment(i, root.sizes(before[i])) for i in range(n)]
@@ -766,7 +766,9 @@ class Search:
 
     def chain_route(self, root: Context, progs: list, end: tuple, back: dict, goal: Goal):
         """`(cost, actions)` through the chain's operators, each from the layout it starts
-        in to the one the dynamic programming chose for it, with the barriers between."""
+        in to the one the dynamic programming chose for it, with the barriers between.
+        Operators alike but for their weights' names, between the same two layouts, take
+        one search's route, each with its own steps."""
         n, lay = end
         layouts = [lay]
         for i in range(n, 0, -1):
