@@ -16,6 +16,7 @@ Two searches share the moves and the costs:
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import heapq
 import itertools
@@ -24,7 +25,7 @@ from typing import Iterator, Mapping
 
 from ...operators import Role
 from ..layout import Layout, layouts, pads
-from .actions import AllToAll, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, runs_as_is
+from .actions import AllToAll, Branch, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, runs_as_is
 from .cost import CostModel
 from .goal import Goal
 from .program import Program, Step
@@ -498,6 +499,7 @@ class Search:
         self._rests: dict = {}
         self._canonical: dict = {}
         self._pins: dict = {}
+        self._pinned_splits: dict = {}
         self._renamed: dict = {}  # renamed pins -> the search with them: the symmetry's searches
 
     def release(self) -> None:
@@ -606,19 +608,22 @@ class Search:
         heapq.heapify(heap)
         accepted: dict = {}
 
+        least = best.get
+        push = heapq.heappush
+
         def reach(state, edge, nxt, taken, total, bounds, lines):
-            """`nxt` by `edge` from `state` (`taken`: the actions forced after it), at `total`;
+            """`nxt` by `edge` from `state` (`taken`: the actions forced after it), at `total`,
+            if that is less than known (the callers in the loop below check first);
             `bounds` or `lines`: its node's memos (`Node`), if at hand."""
-            if total < best.get(nxt, INFINITE):
-                best[nxt] = total
-                back[nxt] = ((state, edge), taken)
-                if bounds is None:
-                    bound = self.bound(nxt, goal, lines)
-                else:
-                    bound = bounds.get(goal)
-                    if bound is None:
-                        bound = bounds[goal] = self.bound(nxt, goal)
-                heapq.heappush(heap, ((total[0] + bound, total[1], total[2], total[3]), next(tie), total, nxt))
+            best[nxt] = total
+            back[nxt] = ((state, edge), taken)
+            if bounds is None:
+                bound = self.bound(nxt, goal, lines)
+            else:
+                bound = bounds.get(goal)
+                if bound is None:
+                    bound = bounds[goal] = self.bound(nxt, goal)
+            push(heap, ((total[0] + bound, total[1], total[2], total[3]), next(tie), total, nxt))
 
         while heap:
             _, _, cost, state = heapq.heappop(heap)
@@ -642,7 +647,8 @@ class Search:
                 self.fill(ctx, done, node)
             for edge, nxt in self.openings(state, node):
                 nxt, taken = self.settle(nxt)
-                reach(state, edge, nxt, taken, cost, None, None)
+                if cost < least(nxt, INFINITE):
+                    reach(state, edge, nxt, taken, cost, None, None)
             held = after and fr is None and done == 0
             arrived, forced = back[state]
             last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
@@ -658,12 +664,16 @@ class Search:
                     continue  # the earlier operator's move (to a padded layout, no barrier could run between)
                 total = (c0 + delta[0], c1 + delta[1], c2 + delta[2], c3 + delta[3])
                 if fr is None:
-                    reach(state, edge, top, taken, total, nbounds, None)
+                    if total < least(top, INFINITE):
+                        reach(state, edge, top, taken, total, nbounds, None)
                 elif hands and ndone == ctx.full and nlay is frame[5]:
                     nxt, more = self.settle((fr, ctx, ndone, nlay))
-                    reach(state, edge, nxt, taken + more, total, None, None)
+                    if total < least(nxt, INFINITE):
+                        reach(state, edge, nxt, taken + more, total, None, None)
                 else:
-                    reach(state, edge, (fr, ctx, ndone, nlay), taken, total, None, nlines)
+                    nxt = (fr, ctx, ndone, nlay)
+                    if total < least(nxt, INFINITE):
+                        reach(state, edge, nxt, taken, total, None, nlines)
             yield None, None, back, heap
 
     # -- chains ------------------------------------------------------------------------------
@@ -680,7 +690,7 @@ class Search:
         (`rest`) as its bound. Operators alike but for their weights' names (a network's
         identical layers) share their exits, and so do layouts alike up to swapping mesh
         axes of equal size where that changes no cost. The route through each operator
-        is then found again between the two layouts chosen."""
+        is then found again between the two layouts chosen (`chain_route`)."""
         n = len(root.segments)
         before = [root.before(i) for i in range(n)]
         progs = [root.prog.segment(i, root.sizes(before[i])) for i in range(n)]
@@ -756,17 +766,27 @@ class Search:
 
     def chain_route(self, root: Context, progs: list, end: tuple, back: dict, goal: Goal):
         """`(cost, actions)` through the chain's operators, each from the layout it starts
-        in to the one the dynamic programming chose for it, with the barriers between."""
+        in to the one the dynamic programming chose for it, with the barriers between.
+        Operators alike but for their weights' names, between the same two layouts, take
+        one search's route, each with its own steps."""
         n, lay = end
         layouts = [lay]
         for i in range(n, 0, -1):
             layouts.append(back[(i, layouts[-1])])
         layouts.reverse()
         cost, actions = ZERO, ()
+        routes: dict = {}  # (structure, layouts, ...) -> (operator, cost, route): operators alike share one
         for i, prog in enumerate(progs):
-            ends = goal if i == n - 1 else Goal.layout(layouts[i + 1].value)
-            step, route = self._run(self.context(prog, prog.shape, root.itemsize(root.before(i))),
-                                    [layouts[i].value], ends, i > 0)  # as its exits were found
+            itemsize = root.itemsize(root.before(i))
+            key = (_structure(prog, itemsize, self.pinned), layouts[i], layouts[i + 1] if i < n - 1 else goal, i > 0)
+            if key in routes:
+                first, step, route = routes[key]
+                route = _renamed(route, dict(zip(map(id, _steps(first)), _steps(prog))))
+            else:
+                ends = goal if i == n - 1 else Goal.layout(layouts[i + 1].value)
+                step, route = self._run(self.context(prog, prog.shape, itemsize),
+                                        [layouts[i].value], ends, i > 0)  # as its exits were found
+                routes[key] = (prog, step, route)
             barrier = () if i == n - 1 else (Local(root.steps[root.segments[i].bit_length() - 1]),)
             cost, actions = _add(cost, step), actions + route + barrier
         return cost, actions
@@ -1132,10 +1152,12 @@ class Search:
             arrivals = [b for b in arrivals if b not in carried]
         total = 0.0
         dense = False  # whether a dense Matrix's collective (which may be a psum) is counted
+        shared = 0  # the collectives counted for a dense Matrix or a pointwise weight (see `after_pins`)
         if self.cost.training and any(layout) and not ctx.reduces & pending:
             if ctx.dense & pending and not any(ctx.psums[a] & pending for a in departures):
                 total += self.cost.latency_bytes
                 dense = True
+                shared += 1
             parked = [a for a, axes in enumerate(layout) if axes and a not in departures]
             # a mesh axis the goal wants on an axis the weight runs along may arrive there before
             # the weight's step (if no step needing that axis whole must follow it): that move is
@@ -1150,6 +1172,7 @@ class Search:
             if any(pending >> j & 1 and any(a not in along and not arrives(j, along, a) for a in parked)
                    for j, along in ctx.pointwise):
                 total += self.cost.latency_bytes
+                shared += 1
         if departures or arrivals:
             ways = 2 if self.cost.training else 1
             latency = self.cost.latency_bytes
@@ -1188,8 +1211,60 @@ class Search:
                     total += min(sum(costs), shared + sum(min(c, split) for c in costs))
                 else:
                     total += sum(costs)
+        if goal is None or goal.prefixes is None:
+            total += self.after_pins(ctx, done, layout, pending, departures, shared)
         self._lines[key] = total
         return total
+
+    def after_pins(self, ctx: Context, done: int, layout: Layout, pending: int, departures: set,
+                   shared: int) -> float:
+        """`line`'s share for pinned weights (where no goal wants a layout): a pending
+        pointwise step whose weight is pinned runs with each tensor axis its weight runs
+        along split as the pin says, so such an axis split there, that a later step needs
+        whole (and no `psum` can take its split away), needs a collective with it as its
+        source after that step: not a departure counted before the step (one that must
+        come before the first step needing its axis whole, when that step precedes the
+        pinned one). Each is priced at its least, as a departure; less one latency for
+        each collective of a dense `Matrix` or a pointwise weight counted (`shared`: either
+        may be one of these)."""
+        found = self._pinned_splits.get(ctx)
+        if found is None:
+            found = self._pinned_splits[ctx] = self.pinned_splits(ctx)
+        axes = {}
+        for j, splits in found:
+            if not pending >> j & 1:
+                continue
+            for a, smallest in splits:
+                if a in axes or not ctx.needs[a] & pending & ctx.descendants[j] or ctx.psums[a] & pending:
+                    continue
+                if a in departures:
+                    needs = ctx.needs[a] & pending
+                    first = (needs & -needs).bit_length() - 1
+                    if not needs or not (ctx.whole(first) and ctx.ancestors[j] >> first & 1):
+                        continue  # the departure counted may be this one
+                axes[a] = smallest
+        if not axes:
+            return 0.0
+        ways = 2 if self.cost.training else 1
+        latency = self.cost.latency_bytes
+        least = ctx.least_bytes(done)
+        extra = sum(ways * (latency + least * (n - 1) / n / self.devices) for n in axes.values())
+        return max(0.0, extra - shared * latency)
+
+    def pinned_splits(self, ctx: Context) -> tuple:
+        """`(step, ((tensor axis, its least mesh axis size), ...))` of `ctx`'s pointwise
+        steps with a pinned weight, for the tensor axes the pin splits."""
+        found = []
+        for j, step in enumerate(ctx.steps):
+            if step.terms or not step.weighted or step.dense or step.leaf.name not in self.pinned:
+                continue
+            first = step.axes[0] if step.axes else 0
+            splits = {first + x: min(self.mesh_sizes[n] for n in names)
+                      for x, names in zip(step.leaf.param_axes, self.pinned[step.leaf.name])
+                      if x is not None and names}
+            if splits:
+                found.append((j, tuple(splits.items())))
+        return tuple(found)
 
 
 def _matching(edges: dict) -> dict:
@@ -1210,6 +1285,19 @@ def _matching(edges: dict) -> dict:
     for b in edges:
         augment(b, set())
     return pair
+
+
+def _renamed(actions: tuple, steps: Mapping[int, Step]) -> tuple:
+    """`actions` with each step `s` they run replaced by `steps[id(s)]` (an operator's route
+    taken by another operator alike but for its weights' names)."""
+    out = []
+    for action in actions:
+        if isinstance(action, Branch):
+            action = Branch(steps[id(action.step)], tuple(_renamed(term, steps) for term in action.terms))
+        elif isinstance(action, StepAction):
+            action = dataclasses.replace(action, step=steps[id(action.step)])
+        out.append(action)
+    return tuple(out)
 
 
 def _route(back: dict, state) -> list:
