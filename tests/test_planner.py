@@ -222,7 +222,7 @@ def random_pins(rng, prog, mesh) -> dict:
     """Each pointwise weight of `prog` pinned at random: each mesh axis (now and then none)
     on one of its axes along the tensor whose size it divides."""
     pins = {}
-    for step in search_module._steps(prog):
+    for step in prog.all_steps():
         if not step.weighted or step.dense or step.leaf.name in pins:
             continue
         leaf, spec = step.leaf, [()] * len(step.leaf.param_shape)

@@ -23,12 +23,13 @@ import itertools
 import math
 from typing import Iterator, Mapping
 
-from ...operators import Role
-from ..layout import Layout, layouts, pads
+from ..layout import Layout, layouts
 from .actions import AllToAll, Branch, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, runs_as_is
+from .context import Context
 from .cost import CostModel
 from .goal import Goal
 from .program import Program, Step
+from .symmetry import automorphisms, move, rename
 
 Cost = tuple[float, float, int, float]  # (time in bytes, bytes sent, collectives, weight bytes held)
 ZERO: Cost = (0.0, 0.0, 0, 0.0)
@@ -38,210 +39,6 @@ MAX_STATES = 200_000
 
 class PlanningError(ValueError):
     """No plan exists, or the search gave up."""
-
-
-class Context:
-    """A program run on a tensor of `shape` and `itemsize`: its sizes and itemsize
-    after any set of done steps, and what the lower bound needs (memoised)."""
-
-    def __init__(self, prog: Program, shape: tuple[int, ...], itemsize: int, tensor_parallel: bool,
-                 split_counts: frozenset = frozenset()):
-        self.prog, self.shape, self.itemsize0 = prog, shape, itemsize
-        self.steps, self.preds, self.full = prog.steps, prog.preds, prog.full
-        ndim = len(shape)
-        self.needs = [0] * ndim  # per axis: the steps that need it whole
-        self.psums = [0] * ndim  # per axis: the steps that can sum its split away
-        self.dense = 0  # the dense Matrix steps (or sums holding one)
-        self.reduces = 0  # the Reduce steps (or sums holding one)
-        self.pointwise = []  # (step, the tensor axes its weight is split along) of pointwise weights
-        for j, step in enumerate(self.steps):
-            for inner, a, role in _axis_roles(step):
-                if role is Role.LOCAL:
-                    self.needs[a] |= 1 << j
-                # a row-parallel Matrix needs its input axis split evenly
-                row = inner.dense and tensor_parallel and any(inner.in_sizes[0] % q == 0 for q in split_counts)
-                if role is Role.REDUCE or (role is Role.LOCAL and row):
-                    self.psums[a] |= 1 << j
-                if role is Role.REDUCE:
-                    self.reduces |= 1 << j
-                if inner.dense:
-                    self.dense |= 1 << j
-            for inner, _, _ in _axis_roles(step):
-                if inner.weighted and not inner.dense:
-                    along = frozenset(inner.axes[0] + a for a in inner.leaf.param_axes if a is not None)
-                    if (j, along) not in self.pointwise:
-                        self.pointwise.append((j, along))
-        self.shrinks = [_shrink(step) for step in self.steps]
-        # per step: whether every split that may pad one of its axes before it may do so after it too
-        # (so running it early never rules out a move)
-        self.keeps_padding = [all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
-                                  for q in split_counts) for step in self.steps]
-        self.factors = [step.bytes_factor for step in self.steps]
-        self.ancestors = []  # per step: the bit mask of the steps that must run before it
-        for j, mask in enumerate(self.preds):
-            for i in range(j):
-                if mask >> i & 1:
-                    mask |= self.ancestors[i]
-            self.ancestors.append(mask)
-        self.descendants = [sum(1 << k for k in range(len(self.steps)) if self.ancestors[k] >> j & 1)
-                            for j in range(len(self.steps))]
-        # a chain's operators: the steps up to each barrier (the last one: up to the end)
-        self.segments, mask = [], 0
-        for j, step in enumerate(self.steps):
-            mask |= 1 << j
-            if step.barrier:
-                self.segments.append(mask)
-                mask = 0
-        self.segments.append(mask)
-        self._segment: dict[int, int] = {}
-        self.psum_steps = 0  # the steps that can sum a split away (main line)
-        for a in range(ndim):
-            self.psum_steps |= self.psums[a]
-        self._sizes: dict[int, tuple[int, ...]] = {}
-        self._itemsize: dict[int, int] = {}
-        self._ready: dict[int, tuple[int, ...]] = {}
-        self._bytes: dict = {}
-
-    def sizes(self, done: int) -> tuple[int, ...]:
-        if done not in self._sizes:
-            sizes = list(self.shape)
-            for j, step in enumerate(self.steps):
-                if done >> j & 1:
-                    step.resize(sizes)
-            self._sizes[done] = tuple(sizes)
-        return self._sizes[done]
-
-    def itemsize(self, done: int) -> int:
-        if done not in self._itemsize:
-            itemsize = self.itemsize0
-            for j, step in enumerate(self.steps):
-                if done >> j & 1:
-                    itemsize = step.out_itemsize(itemsize)
-            self._itemsize[done] = itemsize
-        return self._itemsize[done]
-
-    def least_bytes(self, done: int) -> float:
-        """A lower bound on the global bytes of the tensor in any later state: every
-        pending step with its least factor."""
-        key = ("least", done)
-        if key not in self._bytes:
-            factor = math.prod(f for j, f in enumerate(self.shrinks) if not done >> j & 1)
-            self._bytes[key] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
-        return self._bytes[key]
-
-    def departure_bytes(self, done: int, axes: tuple[int, ...], scope: int = -1) -> list[float]:
-        """Lower bounds on the global bytes the tensor has at the first, second, ...
-        departure (in time) from `axes`, each of which must come before the first pending
-        step that needs its axis whole: the k-th comes when at most k-1 of them have gone,
-        so a step that needs any of the others (or follows one that does) cannot have run.
-        Only the steps in `scope` (a mask: a chain's operator that runs now) count."""
-        key = ("departures", done, axes, scope)
-        if key not in self._bytes:
-            firsts = {}  # per axis: the steps its departure must precede
-            skip = done | ~scope
-            for a in axes:
-                needs = self.needs[a] & ~skip
-                first = (needs & -needs).bit_length() - 1
-                if not self.steps[first].terms:
-                    firsts[a] = self.descendants[first] | 1 << first
-            pending = [j for j in range(len(self.steps)) if not skip >> j & 1]
-            # per pending step: the axes whose departure must precede it
-            blocks = [(j, frozenset(a for a, cut in firsts.items() if cut >> j & 1)) for j in pending]
-            now = math.prod(self.sizes(done)) * self.itemsize(done)
-            sizes = []
-            for k in range(len(axes)):
-                least = math.inf
-                for gone in itertools.combinations(axes, k):
-                    gone = set(gone)
-                    least = min(least, math.prod(self.shrinks[j] for j, b in blocks if b <= gone))
-                sizes.append(now * least)
-            self._bytes[key] = sizes
-        return self._bytes[key]
-
-    def arrival_bytes(self, done: int, axes: tuple[int, ...], scope: int = -1) -> list[float]:
-        """Lower bounds on the global bytes the tensor has at the last, second last, ...
-        arrival (in time) on `axes`, each of which comes after the last pending step that
-        needs its axis whole: at the k-th from last, at least all but k-1 of them have
-        arrived, so their last needs and everything before them have run. Only the steps in
-        `scope` (a mask: a chain's operator that runs now) count."""
-        key = ("arrivals", done, axes, scope)
-        if key not in self._bytes:
-            musts = {}
-            skip = done | ~scope
-            for a in axes:
-                needs = self.needs[a] & ~skip
-                last = needs.bit_length() - 1
-                musts[a] = (self.ancestors[last] | self.whole(last)) & ~skip if needs else 0
-            pending = [j for j in range(len(self.steps)) if not skip >> j & 1]
-            now = math.prod(self.sizes(done)) * self.itemsize(done)
-            sizes = []
-            for k in range(len(axes)):
-                least = math.inf
-                for arrived in itertools.combinations(axes, len(axes) - k):
-                    must = 0
-                    for a in arrived:
-                        must |= musts[a]
-                    least = min(least, math.prod(self.factors[j] if must >> j & 1 else self.shrinks[j]
-                                                 for j in pending))
-                sizes.append(now * least)
-            self._bytes[key] = sizes
-        return self._bytes[key]
-
-    def meets(self, done: int, a: int, b: int) -> bool:
-        """Whether one collective can come both before the first pending step that needs
-        axis `a` whole and after the last one that needs axis `b` whole."""
-        first, last = self.needs[a] & ~done, self.needs[b] & ~done
-        if not first or not last:
-            return True
-        first = (first & -first).bit_length() - 1
-        last = last.bit_length() - 1
-        if self.steps[first].terms or self.steps[last].terms:
-            return True  # the collective may fall within a sum's terms
-        return not (first == last or self.ancestors[last] >> first & 1)
-
-    def whole(self, j: int) -> int:
-        """Step `j`'s bit, or none for a sum (a move can happen within its terms)."""
-        return 0 if self.steps[j].terms else 1 << j
-
-    def segment(self, done: int) -> int:
-        """The index of the chain's operator that runs now (its first with a pending step)."""
-        if len(self.segments) == 1:
-            return 0
-        found = self._segment.get(done)
-        if found is None:
-            found = self._segment[done] = next(i for i, seg in enumerate(self.segments)
-                                               if seg & ~done or i == len(self.segments) - 1)
-        return found
-
-    def before(self, i: int) -> int:
-        """The steps of the chain's operators before operator `i`."""
-        return sum(self.segments[:i])
-
-    def ready(self, done: int) -> tuple[int, ...]:
-        if done not in self._ready:
-            self._ready[done] = tuple(j for j in range(len(self.steps))
-                                      if not done >> j & 1 and not self.preds[j] & ~done)
-        return self._ready[done]
-
-
-def _axis_roles(step) -> Iterator[tuple[Step, int, Role]]:
-    """`(step, axis, role)` of a step's axes; for a sum, of its first term's steps: the
-    data the program goes on with pass through it (the other terms are lines of their
-    own, from the sum's entry layout to the first term's exit)."""
-    if step.terms:
-        for inner in step.terms[0].steps:
-            yield from _axis_roles(inner)
-    else:
-        for a, role in zip(step.axes, step.roles):
-            yield step, a, role
-
-
-def _shrink(step) -> float:
-    """The least factor a step (for a sum: its first term, at any point within it)
-    multiplies the tensor's bytes by."""
-    if step.terms:
-        return math.prod(_shrink(s) for s in step.terms[0].steps)
-    return min(1.0, step.bytes_factor)
 
 
 class Interned:
@@ -313,116 +110,6 @@ class Exits:
                 heapq.heappush(self.popped, (cost, next(self.tie), state[3]))
         except StopIteration:
             self.over = True
-
-
-def _steps(prog: Program) -> Iterator[Step]:
-    """A program's steps, and its sums' terms' steps."""
-    for step in prog.steps:
-        yield step
-        for term in step.terms:
-            yield from _steps(term)
-
-
-def _rename(layout: Layout, names: Mapping[str, str]) -> Layout:
-    """`layout` with each mesh axis `m` renamed `names[m]`."""
-    return tuple(tuple(names[m] for m in axes) for axes in layout)
-
-
-def _move(layout: Layout, names: Mapping[str, str], perm: tuple[int, ...]) -> Layout:
-    """`layout` with each mesh axis `m` renamed `names[m]` and tensor axis `a` moved to `perm[a]`."""
-    moved = [()] * len(layout)
-    for axes, b in zip(layout, perm):
-        if axes:
-            moved[b] = tuple([names[m] for m in axes])
-    return tuple(moved)
-
-
-MAX_AUTOMORPHISMS = 720  # permutations of a program's tensor axes tried for its symmetries
-
-
-def automorphisms(prog: Program) -> tuple[tuple[tuple[int, ...], tuple], ...]:
-    """The permutations of `prog`'s tensor axes (`perm[a]`: where axis `a` goes) under which
-    the program is itself as the search sees it, each weighted step its own image, with
-    how each weight's axes move: `(perm, ((name, where each weight axis goes), ...))`, the
-    identity first. Axes of equal size only, and at most `MAX_AUTOMORPHISMS` tried.
-
-    From layout `L`, with its weights pinned at `P`, such a program costs what it costs
-    from `perm(L)` with them pinned at `perm(P)`: every state maps onto one alike."""
-    groups: dict = {}
-    for a, n in enumerate(prog.shape):
-        groups.setdefault(n, []).append(a)
-    identity = tuple(range(len(prog.shape)))
-    if math.prod(math.factorial(len(g)) for g in groups.values()) > MAX_AUTOMORPHISMS:
-        return ()
-    found = []
-    for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
-        perm = list(identity)
-        for g, order in zip(groups.values(), orders):
-            for a, b in zip(g, order):
-                perm[a] = b
-        perm = tuple(perm)
-        weights = _weight_moves(prog, perm)
-        if weights is not None and (perm == identity or _maps(prog, prog, perm)):
-            found.append((perm, weights))
-    return tuple(sorted(found, key=lambda f: f[0] != identity))
-
-
-def _view(step: Step, perm: tuple[int, ...]) -> tuple:
-    """What the search sees of `step` (but its weight's name), with tensor axis `a` renamed
-    `perm[a]`: per axis its sizes, role, halo and the sizes of the weight axes along it."""
-    leaf = step.leaf
-    first = step.axes[0] if step.axes else 0
-    weighted = step.weighted
-    along: dict = {}
-    if weighted:
-        for w, x in enumerate(leaf.param_axes):
-            if x is not None:
-                along.setdefault(first + x, []).append(leaf.param_shape[w])
-    axes = tuple(sorted(
-        (perm[a], step.in_sizes[t], step.out_sizes[t], step.roles[t].value if leaf is not None else None,
-         leaf.halo_width(a - first) if leaf is not None and step.roles[t] is Role.HALO else 0,
-         tuple(along.get(a, ()))) for t, a in enumerate(step.axes)))
-    loose = tuple(n for n, x in zip(leaf.param_shape, leaf.param_axes) if x is None) if weighted else ()
-    return (axes, step.flow, step.in_dtype, step.out_dtype, step.scalar, step.conj, step.barrier,
-            leaf is not None, weighted and (leaf.name, leaf.param_dtype, loose), step.dense and leaf.dense_axes,
-            len(step.terms))
-
-
-def _maps(p: Program, q: Program, perm: tuple[int, ...]) -> bool:
-    """Whether `perm` maps program `p` onto `q` as the search sees them: each step onto one
-    alike, the order between them kept, a sum's terms onto the image's terms."""
-    if len(p.steps) != len(q.steps) or any(q.shape[perm[a]] != n for a, n in enumerate(p.shape)):
-        return False
-    targets: dict = {}
-    for k, step in enumerate(q.steps):
-        targets.setdefault(_view(step, tuple(range(len(perm)))), []).append(k)
-    image = []
-    for step in p.steps:
-        alike = targets.get(_view(step, perm))
-        if not alike:
-            return False
-        image.append(alike.pop(0))
-    for j, k in enumerate(image):
-        preds = sum(1 << image[i] for i in range(len(p.steps)) if p.preds[j] >> i & 1)
-        if preds != q.preds[k] or not all(_maps(t, u, perm) for t, u in zip(p.steps[j].terms, q.steps[k].terms)):
-            return False
-    return True
-
-
-def _weight_moves(prog: Program, perm: tuple[int, ...]) -> tuple | None:
-    """`((name, where each of its axes goes), ...)` of `prog`'s weights under `perm`: a weight
-    axis along tensor axis `a` goes to the one along `perm[a]` (None where its step has none
-    there, or more than one)."""
-    found: dict = {}
-    for step in _steps(prog):
-        if step.weighted and step.leaf.name not in found:
-            leaf, first = step.leaf, step.axes[0] if step.axes else 0
-            at = {first + x: w for w, x in enumerate(leaf.param_axes) if x is not None}
-            goes = tuple(w if x is None else at.get(perm[first + x]) for w, x in enumerate(leaf.param_axes))
-            if None in goes or len(set(goes)) != len(goes):
-                return None
-            found[step.leaf.name] = goes
-    return tuple(found.items())
 
 
 def _add(a: Cost, b: Cost) -> Cost:
@@ -738,7 +425,7 @@ class Search:
             elif k < len(exits(i, lay)[0].found):  # the k-th exit of operator i from `lay`
                 found, names = exits(i, lay)
                 step, out = found.found[k]
-                out = self.intern(out.value if names is None else _move(out.value, *names))
+                out = self.intern(out.value if names is None else move(out.value, *names))
                 total = _add(cost, step)
                 if total < best.get((i + 1, out), INFINITE):
                     best[(i + 1, out)] = total
@@ -781,7 +468,7 @@ class Search:
             key = (_structure(prog, itemsize, self.pinned), layouts[i], layouts[i + 1] if i < n - 1 else goal, i > 0)
             if key in routes:
                 first, step, route = routes[key]
-                route = _renamed(route, dict(zip(map(id, _steps(first)), _steps(prog))))
+                route = _renamed(route, dict(zip(map(id, first.all_steps()), prog.all_steps())))
             else:
                 ends = goal if i == n - 1 else Goal.layout(layouts[i + 1].value)
                 step, route = self._run(self.context(prog, prog.shape, itemsize),
@@ -795,7 +482,7 @@ class Search:
         """`(name, layout)` of `prog`'s pinned weights, in order (memoised)."""
         found = self._pins.get(id(prog))
         if found is None:
-            names = dict.fromkeys(s.leaf.name for s in _steps(prog) if s.weighted and s.leaf.name in self.pinned)
+            names = dict.fromkeys(s.leaf.name for s in prog.all_steps() if s.weighted and s.leaf.name in self.pinned)
             found = self._pins[id(prog)] = (prog, tuple((name, self.pinned[name]) for name in names))
         return found[1]
 
@@ -827,11 +514,11 @@ class Search:
                 names = {a: b for g, order in zip(groups.values(), orders) for a, b in zip(g, order)}
                 for perm, weights in autos or ((identity, ()),):
                     goes = dict(weights)
-                    moved = tuple((w, _move(spec, names, goes[w]) if w in goes else _rename(spec, names))
+                    moved = tuple((w, move(spec, names, goes[w]) if w in goes else rename(spec, names))
                                   for w, spec in pins)
                     if best is not None and moved > best[0][0]:
                         continue
-                    candidate = (moved, _move(lay.value, names, perm))
+                    candidate = (moved, move(lay.value, names, perm))
                     if best is None or candidate < best[0]:
                         back = tuple(sorted(range(len(perm)), key=perm.__getitem__))
                         best = (candidate, ({b: a for a, b in names.items()}, back))

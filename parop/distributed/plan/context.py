@@ -1,0 +1,217 @@
+"""`Context`: what the search knows of a program run from a given tensor shape — the
+sizes and itemsize after any set of done steps, which steps need which axes whole, and
+the byte counts its lower bounds need (memoised per context)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Iterator
+
+from ...operators import Role
+from ..layout import pads
+from .program import Program, Step
+
+
+class Context:
+    """A program run on a tensor of `shape` and `itemsize`: its sizes and itemsize
+    after any set of done steps, and what the lower bound needs (memoised)."""
+
+    def __init__(self, prog: Program, shape: tuple[int, ...], itemsize: int, tensor_parallel: bool,
+                 split_counts: frozenset = frozenset()):
+        self.prog, self.shape, self.itemsize0 = prog, shape, itemsize
+        self.steps, self.preds, self.full = prog.steps, prog.preds, prog.full
+        ndim = len(shape)
+        self.needs = [0] * ndim  # per axis: the steps that need it whole
+        self.psums = [0] * ndim  # per axis: the steps that can sum its split away
+        self.dense = 0  # the dense Matrix steps (or sums holding one)
+        self.reduces = 0  # the Reduce steps (or sums holding one)
+        self.pointwise = []  # (step, the tensor axes its weight is split along) of pointwise weights
+        for j, step in enumerate(self.steps):
+            for inner, a, role in _axis_roles(step):
+                if role is Role.LOCAL:
+                    self.needs[a] |= 1 << j
+                # a row-parallel Matrix needs its input axis split evenly
+                row = inner.dense and tensor_parallel and any(inner.in_sizes[0] % q == 0 for q in split_counts)
+                if role is Role.REDUCE or (role is Role.LOCAL and row):
+                    self.psums[a] |= 1 << j
+                if role is Role.REDUCE:
+                    self.reduces |= 1 << j
+                if inner.dense:
+                    self.dense |= 1 << j
+            for inner, _, _ in _axis_roles(step):
+                if inner.weighted and not inner.dense:
+                    along = frozenset(inner.axes[0] + a for a in inner.leaf.param_axes if a is not None)
+                    if (j, along) not in self.pointwise:
+                        self.pointwise.append((j, along))
+        self.shrinks = [_shrink(step) for step in self.steps]
+        # per step: whether every split that may pad one of its axes before it may do so after it too
+        # (so running it early never rules out a move)
+        self.keeps_padding = [all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
+                                  for q in split_counts) for step in self.steps]
+        self.factors = [step.bytes_factor for step in self.steps]
+        self.ancestors = []  # per step: the bit mask of the steps that must run before it
+        for j, mask in enumerate(self.preds):
+            for i in range(j):
+                if mask >> i & 1:
+                    mask |= self.ancestors[i]
+            self.ancestors.append(mask)
+        self.descendants = [sum(1 << k for k in range(len(self.steps)) if self.ancestors[k] >> j & 1)
+                            for j in range(len(self.steps))]
+        # a chain's operators: the steps up to each barrier (the last one: up to the end)
+        self.segments, mask = [], 0
+        for j, step in enumerate(self.steps):
+            mask |= 1 << j
+            if step.barrier:
+                self.segments.append(mask)
+                mask = 0
+        self.segments.append(mask)
+        self._segment: dict[int, int] = {}
+        self.psum_steps = 0  # the steps that can sum a split away (main line)
+        for a in range(ndim):
+            self.psum_steps |= self.psums[a]
+        self._sizes: dict[int, tuple[int, ...]] = {}
+        self._itemsize: dict[int, int] = {}
+        self._ready: dict[int, tuple[int, ...]] = {}
+        self._bytes: dict = {}
+
+    def sizes(self, done: int) -> tuple[int, ...]:
+        if done not in self._sizes:
+            sizes = list(self.shape)
+            for j, step in enumerate(self.steps):
+                if done >> j & 1:
+                    step.resize(sizes)
+            self._sizes[done] = tuple(sizes)
+        return self._sizes[done]
+
+    def itemsize(self, done: int) -> int:
+        if done not in self._itemsize:
+            itemsize = self.itemsize0
+            for j, step in enumerate(self.steps):
+                if done >> j & 1:
+                    itemsize = step.out_itemsize(itemsize)
+            self._itemsize[done] = itemsize
+        return self._itemsize[done]
+
+    def least_bytes(self, done: int) -> float:
+        """A lower bound on the global bytes of the tensor in any later state: every
+        pending step with its least factor."""
+        key = ("least", done)
+        if key not in self._bytes:
+            factor = math.prod(f for j, f in enumerate(self.shrinks) if not done >> j & 1)
+            self._bytes[key] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
+        return self._bytes[key]
+
+    def departure_bytes(self, done: int, axes: tuple[int, ...], scope: int = -1) -> list[float]:
+        """Lower bounds on the global bytes the tensor has at the first, second, ...
+        departure (in time) from `axes`, each of which must come before the first pending
+        step that needs its axis whole: the k-th comes when at most k-1 of them have gone,
+        so a step that needs any of the others (or follows one that does) cannot have run.
+        Only the steps in `scope` (a mask: a chain's operator that runs now) count."""
+        key = ("departures", done, axes, scope)
+        if key not in self._bytes:
+            firsts = {}  # per axis: the steps its departure must precede
+            skip = done | ~scope
+            for a in axes:
+                needs = self.needs[a] & ~skip
+                first = (needs & -needs).bit_length() - 1
+                if not self.steps[first].terms:
+                    firsts[a] = self.descendants[first] | 1 << first
+            pending = [j for j in range(len(self.steps)) if not skip >> j & 1]
+            # per pending step: the axes whose departure must precede it
+            blocks = [(j, frozenset(a for a, cut in firsts.items() if cut >> j & 1)) for j in pending]
+            now = math.prod(self.sizes(done)) * self.itemsize(done)
+            sizes = []
+            for k in range(len(axes)):
+                least = math.inf
+                for gone in itertools.combinations(axes, k):
+                    gone = set(gone)
+                    least = min(least, math.prod(self.shrinks[j] for j, b in blocks if b <= gone))
+                sizes.append(now * least)
+            self._bytes[key] = sizes
+        return self._bytes[key]
+
+    def arrival_bytes(self, done: int, axes: tuple[int, ...], scope: int = -1) -> list[float]:
+        """Lower bounds on the global bytes the tensor has at the last, second last, ...
+        arrival (in time) on `axes`, each of which comes after the last pending step that
+        needs its axis whole: at the k-th from last, at least all but k-1 of them have
+        arrived, so their last needs and everything before them have run. Only the steps in
+        `scope` (a mask: a chain's operator that runs now) count."""
+        key = ("arrivals", done, axes, scope)
+        if key not in self._bytes:
+            musts = {}
+            skip = done | ~scope
+            for a in axes:
+                needs = self.needs[a] & ~skip
+                last = needs.bit_length() - 1
+                musts[a] = (self.ancestors[last] | self.whole(last)) & ~skip if needs else 0
+            pending = [j for j in range(len(self.steps)) if not skip >> j & 1]
+            now = math.prod(self.sizes(done)) * self.itemsize(done)
+            sizes = []
+            for k in range(len(axes)):
+                least = math.inf
+                for arrived in itertools.combinations(axes, len(axes) - k):
+                    must = 0
+                    for a in arrived:
+                        must |= musts[a]
+                    least = min(least, math.prod(self.factors[j] if must >> j & 1 else self.shrinks[j]
+                                                 for j in pending))
+                sizes.append(now * least)
+            self._bytes[key] = sizes
+        return self._bytes[key]
+
+    def meets(self, done: int, a: int, b: int) -> bool:
+        """Whether one collective can come both before the first pending step that needs
+        axis `a` whole and after the last one that needs axis `b` whole."""
+        first, last = self.needs[a] & ~done, self.needs[b] & ~done
+        if not first or not last:
+            return True
+        first = (first & -first).bit_length() - 1
+        last = last.bit_length() - 1
+        if self.steps[first].terms or self.steps[last].terms:
+            return True  # the collective may fall within a sum's terms
+        return not (first == last or self.ancestors[last] >> first & 1)
+
+    def whole(self, j: int) -> int:
+        """Step `j`'s bit, or none for a sum (a move can happen within its terms)."""
+        return 0 if self.steps[j].terms else 1 << j
+
+    def segment(self, done: int) -> int:
+        """The index of the chain's operator that runs now (its first with a pending step)."""
+        if len(self.segments) == 1:
+            return 0
+        found = self._segment.get(done)
+        if found is None:
+            found = self._segment[done] = next(i for i, seg in enumerate(self.segments)
+                                               if seg & ~done or i == len(self.segments) - 1)
+        return found
+
+    def before(self, i: int) -> int:
+        """The steps of the chain's operators before operator `i`."""
+        return sum(self.segments[:i])
+
+    def ready(self, done: int) -> tuple[int, ...]:
+        if done not in self._ready:
+            self._ready[done] = tuple(j for j in range(len(self.steps))
+                                      if not done >> j & 1 and not self.preds[j] & ~done)
+        return self._ready[done]
+
+
+def _axis_roles(step) -> Iterator[tuple[Step, int, Role]]:
+    """`(step, axis, role)` of a step's axes; for a sum, of its first term's steps: the
+    data the program goes on with pass through it (the other terms are lines of their
+    own, from the sum's entry layout to the first term's exit)."""
+    if step.terms:
+        for inner in step.terms[0].steps:
+            yield from _axis_roles(inner)
+    else:
+        for a, role in zip(step.axes, step.roles):
+            yield step, a, role
+
+
+def _shrink(step) -> float:
+    """The least factor a step (for a sum: its first term, at any point within it)
+    multiplies the tensor's bytes by."""
+    if step.terms:
+        return math.prod(_shrink(s) for s in step.terms[0].steps)
+    return min(1.0, step.bytes_factor)
