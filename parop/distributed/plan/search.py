@@ -291,7 +291,7 @@ class Search:
             if start not in best:
                 best[start] = ZERO
                 back[start] = (None, forced)
-                heap.append(((self.bound(start, goal),) + ZERO[1:], next(tie), ZERO, start))
+                heap.append(((self.bound(start, goal),) + ZERO[1:], next(tie), ZERO, start, False))
         heapq.heapify(heap)
         accepted: dict = {}
 
@@ -301,21 +301,30 @@ class Search:
         def reach(state, edge, nxt, taken, total, bounds, lines):
             """`nxt` by `edge` from `state` (`taken`: the actions forced after it), at `total`,
             if that is less than known (the callers in the loop below check first);
-            `bounds` or `lines`: its node's memos (`Node`), if at hand."""
+            `bounds` or `lines`: its node's memos (`Node`), if at hand. Inside a sum whose
+            later terms' own searches have not run yet, it is pushed with their `line`s
+            alone (`loose`), and again with the whole bound when popped."""
             best[nxt] = total
             back[nxt] = ((state, edge), taken)
+            loose = False
             if bounds is None:
-                bound = self.bound(nxt, goal, lines)
+                loose = nxt[0] is not None and (nxt[0], goal, False) not in self._frame_bounds
+                bound = self.bound(nxt, goal, lines, loose)
             else:
                 bound = bounds.get(goal)
                 if bound is None:
                     bound = bounds[goal] = self.bound(nxt, goal)
-            push(heap, ((total[0] + bound, total[1], total[2], total[3]), next(tie), total, nxt))
+            push(heap, ((total[0] + bound, total[1], total[2], total[3]), next(tie), total, nxt, loose))
 
         while heap:
-            _, _, cost, state = heapq.heappop(heap)
+            key, _, cost, state, loose = heapq.heappop(heap)
             if best[state] < cost:
                 continue
+            if loose:  # its whole bound now: pushed back if that is more
+                exact = (cost[0] + self.bound(state, goal), cost[1], cost[2], cost[3])
+                if exact > key:
+                    push(heap, (exact, next(tie), cost, state, False))
+                    continue
             fr, ctx, done, lay = state
             if fr is None and done == ctx.full:
                 if lay not in accepted:
@@ -668,30 +677,32 @@ class Search:
             self._exit_goals[lay] = Goal.layout(lay.value)
         return self._exit_goals[lay]
 
-    def bound(self, state, goal: Goal, lines: dict | None = None) -> float:
+    def bound(self, state, goal: Goal, lines: dict | None = None, loose: bool = False) -> float:
         """A lower bound on the cost from `state` to the end (0 for the oracle). See
-        `chain_line`; a sum's later terms add their own, from the sum's entry layout;
-        inside a term, the rest of the program around the sum adds its own from the exit
-        layout once that is known. `lines`: the `line`s of the state's node, if at hand."""
+        `chain_line`; a sum's later terms add their own, from the sum's entry layout
+        (`term_bound`; `loose`: their `line`s alone, no search); inside a term, the rest
+        of the program around the sum adds its own from the exit layout once that is
+        known. `lines`: the `line`s of the state's node, if at hand."""
         if self.exhaustive:
             return 0.0
         fr, ctx, done, lay = state
         if fr is None:
             return self.chain_line(ctx, done, lay, goal)
-        found = self._frame_bounds.get((fr, goal))  # the goal: the program's end, in the bound past the sum
+        found = self._frame_bounds.get((fr, goal, loose))  # the goal: the program's end, in the bound past the sum
         if found is None:
             parent, after, j, k, entry, exit_ = fr.value[-1]
             top = len(fr.value) == 1
             ends = self.exit_goal(exit_)
-            rest = sum(self.term_bound(self.term(fr.value[-1], t), entry, ends)
-                       for t in range(k + 1, len(parent.steps[j].terms)))
+            terms = [self.term(fr.value[-1], t) for t in range(k + 1, len(parent.steps[j].terms))]
+            rest = sum(self.line(term, 0, entry, ends) if loose else self.term_bound(term, entry, ends)
+                       for term in terms)
             if top and k > 0:  # the program goes on from the known exit
                 rest += self.chain_line(parent, after, exit_, goal)
             # term 0's exit is where the program goes on: the chain's later operators (from the mesh axes
             # in use now, not cached with the frame; the sum may still psum)
             later = (parent, after & ~(1 << j)) if top and k == 0 else None
             last = top and after == parent.full  # the sum ends the program: its exit is the output
-            found = self._frame_bounds[fr, goal] = (rest, later, ends if k > 0 else None, k == 0 and last)
+            found = self._frame_bounds[fr, goal, loose] = (rest, later, ends if k > 0 else None, k == 0 and last)
         rest, later, ends, last = found
         if later is not None:
             rest += self.later(later[0], later[1], lay, goal)
