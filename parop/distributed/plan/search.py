@@ -389,7 +389,7 @@ class Search:
         (`rest`) as its bound. Operators alike but for their weights' names (a network's
         identical layers) share their exits, and so do layouts alike up to swapping mesh
         axes of equal size where that changes no cost. The route through each operator
-        is then found again between the two layouts chosen (`chain_route`)."""
+        is then the one its exits' search found to the layout chosen (`chain_route`)."""
         n = len(root.segments)
         before = [root.before(i) for i in range(n)]
         progs = [root.prog.segment(i, root.sizes(before[i])) for i in range(n)]
