@@ -29,7 +29,7 @@ from .context import Context
 from .cost import CostModel
 from .goal import Goal
 from .program import Program, Step
-from .symmetry import automorphisms, move, rename
+from .symmetry import automorphisms, image, move, rename
 
 Cost = tuple[float, float, int, float]  # (time in bytes, bytes sent, collectives, weight bytes held)
 ZERO: Cost = (0.0, 0.0, 0, 0.0)
@@ -72,12 +72,14 @@ class Node:
 
 class Exits:
     """The layouts one operator of a chain can end in (all its steps run, unpadded), from
-    one entry, cheapest first: an `explore` of it, run on only as far as asked."""
+    one entry, cheapest first: an `explore` of `prog`, run on only as far as asked, with
+    the route to each (so that the chain's route needs no search of its own)."""
 
-    def __init__(self, ends: Iterator):
-        self.ends = ends
+    def __init__(self, prog: Program, ends: Iterator):
+        self.prog, self.ends = prog, ends
         self.found: list[tuple[Cost, Interned]] = []  # (cost, layout), cheapest first
-        self.popped: list = []  # (cost, tie, layout) popped but not known to be next
+        self.routes: list[tuple] = []  # the actions to each of `found`
+        self.popped: list = []  # (cost, tie, layout, actions) popped but not known to be next
         self.open: list = []  # the search's heap: no end not popped yet costs less than its top
         self.over = False  # whether the search has popped every end
         self.tie = itertools.count()
@@ -101,13 +103,14 @@ class Exits:
     def step(self) -> None:
         """Takes the cheapest exit popped if no other can cost less, or searches one state on."""
         if self.popped and (self.over or not self.open or self.popped[0][0] <= self.open[0][0]):
-            cost, _, lay = heapq.heappop(self.popped)
+            cost, _, lay, route = heapq.heappop(self.popped)
             self.found.append((cost, lay))
+            self.routes.append(route)
             return
         try:
-            cost, state, _, self.open = next(self.ends)
+            cost, state, back, self.open = next(self.ends)
             if state is not None:
-                heapq.heappush(self.popped, (cost, next(self.tie), state[3]))
+                heapq.heappush(self.popped, (cost, next(self.tie), state[3], fold(_route(back, state))))
         except StopIteration:
             self.over = True
 
@@ -386,7 +389,7 @@ class Search:
         (`rest`) as its bound. Operators alike but for their weights' names (a network's
         identical layers) share their exits, and so do layouts alike up to swapping mesh
         axes of equal size where that changes no cost. The route through each operator
-        is then found again between the two layouts chosen (`chain_route`)."""
+        is then the one its exits' search found to the layout chosen (`chain_route`)."""
         n = len(root.segments)
         before = [root.before(i) for i in range(n)]
         progs = [root.prog.segment(i, root.sizes(before[i])) for i in range(n)]
@@ -415,7 +418,8 @@ class Search:
                 key = (kinds[(i, moved)], renamed, ends, i > 0, i < n - 1)
                 found = self._exits.get(key)
                 if found is None:
-                    found = self._exits[key] = Exits(search.explore(contexts[i], [renamed.value], ends, *key[3:]))
+                    found = self._exits[key] = Exits(progs[i], search.explore(contexts[i], [renamed.value], ends,
+                                                                               *key[3:]))
                 mine = searched[(i, lay)] = (found, names)
             return mine
 
@@ -429,7 +433,7 @@ class Search:
                 continue
             if k is None:  # operator i starts from `lay`
                 if i == n:
-                    return self.chain_route(root, progs, (i, lay), back, goal)
+                    return self.chain_route(root, progs, (i, lay), back, goal, searched)
                 k = 0
             elif k < len(exits(i, lay)[0].found):  # the k-th exit of operator i from `lay`
                 found, names = exits(i, lay)
@@ -460,11 +464,14 @@ class Search:
                 found.step()  # still the cheapest item: search on
         raise PlanningError("no plan exists")
 
-    def chain_route(self, root: Context, progs: list, end: tuple, back: dict, goal: Goal):
+    def chain_route(self, root: Context, progs: list, end: tuple, back: dict, goal: Goal, searched: dict):
         """`(cost, actions)` through the chain's operators, each from the layout it starts
         in to the one the dynamic programming chose for it, with the barriers between.
-        Operators alike but for their weights' names, between the same two layouts, take
-        one search's route, each with its own steps."""
+        Each takes the route its exits' search found (`searched`: (operator, layout) ->
+        its exits and their symmetry), mapped back where that search ran from a symmetric
+        image of the layout (`known`); only where that cannot be mapped is it searched
+        again between the two layouts, operators alike but for their weights' names then
+        taking one search's route, each with its own steps."""
         n, lay = end
         layouts = [lay]
         for i in range(n, 0, -1):
@@ -475,7 +482,11 @@ class Search:
         for i, prog in enumerate(progs):
             itemsize = root.itemsize(root.before(i))
             key = (_structure(prog, itemsize, self.pinned), layouts[i], layouts[i + 1] if i < n - 1 else goal, i > 0)
-            if key in routes:
+            found, names = searched[(i, layouts[i])]
+            known = self.known(found, names, layouts[i + 1], prog)
+            if known is not None:
+                step, route = known
+            elif key in routes:
                 first, step, route = routes[key]
                 route = _renamed(route, dict(zip(map(id, first.all_steps()), prog.all_steps())))
             else:
@@ -486,6 +497,22 @@ class Search:
             barrier = () if i == n - 1 else (Local(root.steps[root.segments[i].bit_length() - 1]),)
             cost, actions = _add(cost, step), actions + route + barrier
         return cost, actions
+
+    def known(self, found: Exits, names: tuple | None, out: Interned, prog: Program) -> tuple[Cost, tuple] | None:
+        """`(cost, actions)` of `prog`'s route to `out` as its exits' search `found` found it,
+        mapped by the symmetry `names` (`(names, perm)`: from that search's layouts to
+        `prog`'s; None: the identity), or None where the route names a weight's split,
+        which the tensor axes' move would not take along."""
+        steps = {}
+        if names is not None:
+            mesh, perm = names
+            steps = image(found.prog, perm)
+            out = self.intern(move(out.value, {b: a for a, b in mesh.items()},
+                                   tuple(sorted(range(len(perm)), key=perm.__getitem__))))
+        k = next(k for k, (_, lay) in enumerate(found.found) if lay is out)
+        own = dict(zip(map(id, found.prog.all_steps()), prog.all_steps()))
+        route = _renamed(found.routes[k], {id(s): own[id(steps.get(id(s), s))] for s in found.prog.all_steps()}, names)
+        return None if route is None else (found.found[k][0], route)
 
     def pins(self, prog: Program) -> tuple:
         """`(name, layout)` of `prog`'s pinned weights, in order (memoised)."""
@@ -985,15 +1012,35 @@ def _matching(edges: dict) -> dict:
     return pair
 
 
-def _renamed(actions: tuple, steps: Mapping[int, Step]) -> tuple:
+def _renamed(actions: tuple, steps: Mapping[int, Step], names: tuple | None = None) -> tuple | None:
     """`actions` with each step `s` they run replaced by `steps[id(s)]` (an operator's route
-    taken by another operator alike but for its weights' names)."""
+    taken by another operator alike but for its weights' names, or its image under a
+    symmetry), and, for `names` = `(names, perm)`, each mesh axis `m` they name by
+    `names[m]` and each tensor axis `a` by `perm[a]`; None if an action splits a weight
+    and `perm` moves a tensor axis."""
     out = []
+    mesh, perm = names if names is not None else ({}, None)
+    moves = perm is not None and perm != tuple(range(len(perm)))
     for action in actions:
         if isinstance(action, Branch):
-            action = Branch(steps[id(action.step)], tuple(_renamed(term, steps) for term in action.terms))
-        elif isinstance(action, StepAction):
-            action = dataclasses.replace(action, step=steps[id(action.step)])
+            terms = tuple(_renamed(term, steps, names) for term in action.terms)
+            if None in terms:
+                return None
+            action = Branch(steps[id(action.step)], terms)
+        else:
+            changes = {"step": steps[id(action.step)]} if isinstance(action, StepAction) else {}
+            for field in dataclasses.fields(action) if names is not None else ():
+                value = getattr(action, field.name)
+                if field.name == "weight_split":
+                    if moves:
+                        return None
+                    changes[field.name] = rename(value, mesh)
+                elif field.name == "axes":
+                    changes[field.name] = tuple(mesh[m] if isinstance(m, str) else perm[m] for m in value)
+                elif field.name in ("src", "dst"):
+                    changes[field.name] = perm[value]
+            if changes:
+                action = dataclasses.replace(action, **changes)
         out.append(action)
     return tuple(out)
 

@@ -54,7 +54,7 @@ def automorphisms(prog: Program) -> tuple[tuple[tuple[int, ...], tuple], ...]:
                 perm[a] = b
         perm = tuple(perm)
         weights = _weight_moves(prog, perm)
-        if weights is not None and (perm == identity or _maps(prog, prog, perm)):
+        if weights is not None and (perm == identity or image(prog, perm) is not None):
             found.append((perm, weights))
     return tuple(sorted(found, key=lambda f: f[0] != identity))
 
@@ -80,24 +80,36 @@ def _view(step: Step, perm: tuple[int, ...]) -> tuple:
             len(step.terms))
 
 
-def _maps(p: Program, q: Program, perm: tuple[int, ...]) -> bool:
+def image(prog: Program, perm: tuple[int, ...]) -> dict[int, Step] | None:
+    """`{id(step): its image}` over `prog`'s steps (a sum's terms' too) where `perm` maps
+    `prog` onto itself as the search sees it, else None.
+
+    >>> image(prog, tuple(range(len(prog.shape))))[id(prog.steps[0])] is prog.steps[0]  # doctest: +SKIP
+    True"""
+    found: dict = {}
+    return found if _maps(prog, prog, perm, found) else None
+
+
+def _maps(p: Program, q: Program, perm: tuple[int, ...], found: dict) -> bool:
     """Whether `perm` maps program `p` onto `q` as the search sees them: each step onto one
-    alike, the order between them kept, a sum's terms onto the image's terms."""
+    alike, the order between them kept, a sum's terms onto the image's terms; each step's
+    image goes in `found` (by its id)."""
     if len(p.steps) != len(q.steps) or any(q.shape[perm[a]] != n for a, n in enumerate(p.shape)):
         return False
     targets: dict = {}
     for k, step in enumerate(q.steps):
         targets.setdefault(_view(step, tuple(range(len(perm)))), []).append(k)
-    image = []
+    onto = []
     for step in p.steps:
         alike = targets.get(_view(step, perm))
         if not alike:
             return False
-        image.append(alike.pop(0))
-    for j, k in enumerate(image):
-        preds = sum(1 << image[i] for i in range(len(p.steps)) if p.preds[j] >> i & 1)
-        if preds != q.preds[k] or not all(_maps(t, u, perm) for t, u in zip(p.steps[j].terms, q.steps[k].terms)):
+        onto.append(alike.pop(0))
+    for j, k in enumerate(onto):
+        preds = sum(1 << onto[i] for i in range(len(p.steps)) if p.preds[j] >> i & 1)
+        if preds != q.preds[k] or not all(_maps(t, u, perm, found) for t, u in zip(p.steps[j].terms, q.steps[k].terms)):
             return False
+        found[id(p.steps[j])] = q.steps[k]
     return True
 
 
