@@ -72,12 +72,10 @@ def _normal_at_least(key: jax.Array, size: int, dtype) -> jax.Array:
     """At least `size` standard normal values: the next power of two of them, so that
     `jax.random`'s program (most of a small dot test's compile time) is compiled once
     per power of two and dtype, not once per operator."""
-    return _normal(key, 1 << max(size - 1, 0).bit_length(), np.dtype(dtype))
+    return _random(key, (1 << max(size - 1, 0).bit_length(),), np.dtype(dtype))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _normal(key: jax.Array, size: int, dtype: np.dtype) -> jax.Array:
-    return jax.random.normal(key, (size,), dtype)
+_random = jax.jit(random, static_argnums=(1, 2))  # `random` compiled once per shape and dtype
 
 
 @functools.partial(jax.jit, static_argnums=4)
