@@ -90,6 +90,9 @@ def test_a_damaged_shard_is_named_on_restore_onto_any_sharding(tmp_path):
                 checkpoint.restore(tmp_path / "bad", {"w": target, "n": np.zeros(3)})
 
 
+# orbax's reads of a damaged step, left behind by its error, end inside this test (their
+# event loop closed) or in a later one (pyproject.toml filters those by name)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_each_kind_of_file_flipped_or_truncated_restores_exactly_or_says_so(tmp_path):
     tree = {"w": column_sharded((64, 32)), "opt": {"count": jnp.asarray(7), "n": np.linspace(0, 1, 300)}}
     checkpoint.save(tmp_path / "ok", tree, step=1)
