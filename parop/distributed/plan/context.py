@@ -25,6 +25,7 @@ class Context:
         self.needs = [0] * ndim  # per axis: the steps that need it whole
         self.psums = [0] * ndim  # per axis: the steps that can sum its split away
         self.dense = 0  # the dense Matrix steps (or sums holding one)
+        self.dense_on = [0] * ndim  # per axis: the dense Matrix steps on it (or sums holding one)
         self.reduces = 0  # the Reduce steps (or sums holding one)
         self.pointwise = []  # (step, the tensor axes its weight is split along) of pointwise weights
         for j, step in enumerate(self.steps):
@@ -39,6 +40,7 @@ class Context:
                     self.reduces |= 1 << j
                 if inner.dense:
                     self.dense |= 1 << j
+                    self.dense_on[a] |= 1 << j
             for inner, _, _ in _axis_roles(step):
                 if inner.weighted and not inner.dense:
                     along = frozenset(inner.axes[0] + a for a in inner.leaf.param_axes if a is not None)

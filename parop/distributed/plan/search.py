@@ -877,7 +877,7 @@ class Search:
             arrivals = [b for b in arrivals if b not in carried]
         total = 0.0
         dense = False  # whether a dense Matrix's collective (which may be a psum) is counted
-        shared = 0  # the collectives counted for a dense Matrix or a pointwise weight (see `after_pins`)
+        shared = 0  # the collectives counted for a dense Matrix or a pointwise weight (see `pins_share`)
         if self.cost.training and any(layout) and not ctx.reduces & pending:
             if ctx.dense & pending and not any(ctx.psums[a] & pending for a in departures):
                 total += self.cost.latency_bytes
@@ -937,58 +937,92 @@ class Search:
                 else:
                     total += sum(costs)
         if goal is None or goal.prefixes is None:
-            total += self.after_pins(ctx, done, layout, pending, departures, shared)
+            total += self.pins_share(ctx, done, layout, pending, departures, shared)
         self._lines[key] = total
         return total
 
-    def after_pins(self, ctx: Context, done: int, layout: Layout, pending: int, departures: set,
+    def pins_share(self, ctx: Context, done: int, layout: Layout, pending: int, departures: set,
                    shared: int) -> float:
-        """`line`'s share for pinned weights (where no goal wants a layout): a pending
+        """`line`'s share for pinned weights (where no goal wants a layout). A pending
         pointwise step whose weight is pinned runs with each tensor axis its weight runs
-        along split as the pin says, so such an axis split there, that a later step needs
-        whole (and no `psum` can take its split away), needs a collective with it as its
-        source after that step: not a departure counted before the step (one that must
-        come before the first step needing its axis whole, when that step precedes the
-        pinned one). Each is priced at its least, as a departure; less one latency for
-        each collective of a dense `Matrix` or a pointwise weight counted (`shared`: either
+        along split exactly as the pin says. So:
+
+        - *after it*: such an axis split there, that a later step needs whole (and no
+          `psum` can take its split away), needs a collective with it as its source
+          after that step: not a departure counted before the step (one that must come
+          before the first step needing its axis whole, when that step precedes the
+          pinned one);
+        - *before it*: such an axis that lacks a mesh axis of its pin now needs an
+          action with it as its target before that step: an `all_to_all`, or, for mesh
+          axes free now (or that a pending `psum` may free), a split (its gradient's
+          all-reduce when training). A dense `Matrix` on that axis may put mesh axes
+          there itself: then nothing is counted. A departure counted, or a collective
+          after another pinned step, may be this one (a maximum matching of them is
+          not counted).
+
+        Each is priced at its least, as a departure; less one latency for each
+        collective of a dense `Matrix` or a pointwise weight counted (`shared`: either
         may be one of these)."""
         found = self._pinned_splits.get(ctx)
         if found is None:
             found = self._pinned_splits[ctx] = self.pinned_splits(ctx)
-        axes = {}
+        after, before = {}, {}  # tensor axis -> (its pinned step, its least mesh axis size)
         for j, splits in found:
             if not pending >> j & 1:
                 continue
-            for a, smallest in splits:
-                if a in axes or not ctx.needs[a] & pending & ctx.descendants[j] or ctx.psums[a] & pending:
+            for a, names, touched in splits:
+                smallest = min(self.mesh_sizes[n] for n in names)
+                if a not in before and not touched & pending and any(n not in layout[a] for n in names):
+                    before[a] = (j, names)
+                if a in after or not ctx.needs[a] & pending & ctx.descendants[j] or ctx.psums[a] & pending:
                     continue
                 if a in departures:
                     needs = ctx.needs[a] & pending
                     first = (needs & -needs).bit_length() - 1
                     if not needs or not (ctx.whole(first) and ctx.ancestors[j] >> first & 1):
                         continue  # the departure counted may be this one
-                axes[a] = smallest
-        if not axes:
+                after[a] = (j, smallest)
+        if not after and not before:
             return 0.0
         ways = 2 if self.cost.training else 1
         latency = self.cost.latency_bytes
         least = ctx.least_bytes(done)
-        extra = sum(ways * (latency + least * (n - 1) / n / self.devices) for n in axes.values())
+
+        def moved(n: int) -> float:  # an all_to_all over mesh axes of least size n
+            return ways * (latency + least * (n - 1) / n / self.devices)
+
+        extra = sum(moved(n) for _, n in after.values())
+        carriers = {b: [a for a in departures if a != b] + [a for a, (k, _) in after.items() if a != b and k != j]
+                    for b, (j, _) in before.items()}
+        carried = _matching(carriers)
+        used = {n for axes in layout for n in axes}
+        psums = any(ctx.psums[a] & pending for a in range(len(layout)))
+        split = latency if self.cost.training else 0.0
+        for b, (j, names) in before.items():
+            if b in carried:
+                continue
+            wanted = [n for n in names if n not in layout[b]]
+            if all(n not in used for n in wanted):
+                extra += split
+            else:
+                cost = moved(min(self.mesh_sizes[n] for n in wanted))
+                extra += min(cost, split) if psums else cost
         return max(0.0, extra - shared * latency)
 
     def pinned_splits(self, ctx: Context) -> tuple:
-        """`(step, ((tensor axis, its least mesh axis size), ...))` of `ctx`'s pointwise
-        steps with a pinned weight, for the tensor axes the pin splits."""
+        """`(step, ((tensor axis, the mesh axes its pin splits it over, the dense steps on
+        that axis), ...))` of `ctx`'s pointwise steps with a pinned weight, for the tensor
+        axes the pin splits."""
         found = []
         for j, step in enumerate(ctx.steps):
             if step.terms or not step.weighted or step.dense or step.leaf.name not in self.pinned:
                 continue
             first = step.axes[0] if step.axes else 0
-            splits = {first + x: min(self.mesh_sizes[n] for n in names)
-                      for x, names in zip(step.leaf.param_axes, self.pinned[step.leaf.name])
-                      if x is not None and names}
+            splits = tuple((first + x, names, ctx.dense_on[first + x])
+                           for x, names in zip(step.leaf.param_axes, self.pinned[step.leaf.name])
+                           if x is not None and names)
             if splits:
-                found.append((j, tuple(splits.items())))
+                found.append((j, splits))
         return tuple(found)
 
 
