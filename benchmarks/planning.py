@@ -67,8 +67,10 @@ def planning_rows(quick: bool) -> list[dict]:
                              FNO((16, 16, 16), width=8, modes=(4, 4, 4), layers=layers), 1, (1, 1, 2, 2, 2), 1.0))
         networks.append(("3-D FNO chain: batch 2, 32³, width 8, modes 4³, 4 layers",
                          FNO((32, 32, 32), width=8, modes=(4, 4, 4), layers=4), 2, (2, 1, 2, 2, 1), 1.0))
-        networks.append(("4-D FNO chain: batch 1, 8⁴, width 4, modes 4⁴, 1 layer",
-                         FNO((8, 8, 8, 8), width=4, modes=(4, 4, 4, 4), layers=1), 1, (1, 1, 2, 2, 2, 1), 1.0))
+        for layers in (1, 8):
+            networks.append((f"4-D FNO chain: batch 1, 8⁴, width 4, modes 4⁴, {layers} layer{'s' * (layers > 1)}",
+                             FNO((8, 8, 8, 8), width=4, modes=(4, 4, 4, 4), layers=layers), 1, (1, 1, 2, 2, 2, 1),
+                             1.0))
         networks.append(("3-D FNO chain, local_kernel=3: batch 2, 8³, width 4, modes 4³, 1 layer",
                          FNO((8, 8, 8), width=4, modes=(4, 4, 4), layers=1, local_kernel=3), 2, (1, 1, 2, 2, 2), 1.0))
         dfno = FNO((512, 512, 256, 32), width=20, modes=(32, 32, 16, 8), layers=4)  # dfno's chain
@@ -86,7 +88,10 @@ def planning_rows(quick: bool) -> list[dict]:
          FNO((16, 16, 16), width=8, modes=(4, 4, 4), layers=4), (1, 4), (1, 1, 2, 2, 2), 1.0),
         ("2-D FNO chain at batch 4, weights pinned by batch 2: 32², width 8, modes 8², 8 layers",
          FNO((32, 32), width=8, modes=(8, 8), layers=8), (2, 4), (2, 1, 2, 2), 1.0),
-        ("4-D FNO chain (dfno's) at batch 2, weights pinned by batch 1", dfno, (1, 2), (1, 1, 4, 4, 4, 1), 1.0)]
+        ("4-D FNO chain (dfno's) at batch 2, weights pinned by batch 1", dfno, (1, 2), (1, 1, 4, 4, 4, 1), 1.0),
+        ("4-D FNO chain (dfno's) at batch 4, weights pinned by batch 1", dfno, (1, 4), (1, 1, 4, 4, 4, 1), 1.0),
+        ("3-D FNO chain, local_kernel=3, at batch 4, weights pinned by batch 1: 8³, width 4, modes 4³, 1 layer",
+         FNO((8, 8, 8), width=4, modes=(4, 4, 4), layers=1, local_kernel=3), (1, 4), (1, 1, 2, 2, 2), 1.0)]
     for label, model, batch, partition, limit in networks + again:
         spec, mesh = _abstract(partition)
         reference, batch = batch if isinstance(batch, tuple) else (None, batch)
