@@ -1,6 +1,10 @@
 """A plan is a value: `po.plan` gives equal plans for equal arguments, a plan goes to
 JSON and back unchanged, weight placements pass between calls as values, `D.plan` does
-not depend on what `D` was called with, and planning happens outside `jit` traces."""
+not depend on what `D` was called with, planning happens outside `jit` traces, and each
+kind of action maps itself under the search's symmetries."""
+
+import dataclasses
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +15,11 @@ from jax.sharding import PartitionSpec as P
 
 import parop as po
 import parop.distributed.plan.search as search_module
-from parop.distributed.plan.actions import ACTIONS
+from parop.distributed.plan import program
+from parop.distributed.plan.actions import (ACTIONS, AllToAll, Branch, ColumnParallel, Gather, GatherColumnParallel,
+                                            HaloExchange, Local, ReducePsum, RowParallel, RowParallelScatter, Split)
 from parop.distributed.plan.plan import walk
+from parop.distributed.plan.program import Step
 from parop.nn import FNO
 from reference import applied, random_array, random_params
 
@@ -65,6 +72,63 @@ def test_every_kind_of_action_goes_to_json_and_back():
         assert back == plan
         assert [type(v.action) for v in walk(back.visits)] == [type(v.action) for v in walk(plan.visits)]
         assert str(back) == str(plan) and back.cost == plan.cost and back.traffic() == plan.traffic()
+
+
+def test_every_kind_of_action_maps_itself_under_a_symmetry():
+    """`mapped` runs the image of an action's step (here: in an operator alike but for
+    its weights' names), renames every mesh axis the action names and moves every
+    tensor axis it names; a kind that splits a weight cannot follow a move of tensor
+    axes (None), nor can a sum holding one. Every kind in `ACTIONS` is here: a new kind
+    must say how it maps."""
+
+    def alike(w: str) -> po.Operator:
+        stencil = po.Stencil(np.array([1.0, -2.0, 1.0]), (8,), dtype=F64)
+        return (po.kron(po.Matrix(4, 4, F64, name=w), stencil, po.Reduce(4, F64))
+                + po.kron(po.Matrix(4, 4, F64, name=w + "2"), po.Identity(8, F64), po.Reduce(4, F64)))
+
+    ours, theirs = (tuple(program(alike(w), (4, 8, 4)).all_steps()) for w in ("w", "v"))
+    steps = dict(zip(map(id, ours), theirs))
+    total, reduce, matrix, stencil = ours[:4]  # the sum, then its first term's steps
+    total2, reduce2, matrix2, stencil2 = theirs[:4]
+    mesh, perm, still = {"a": "x", "b": "y", "c": "z"}, (1, 2, 0), (0, 1, 2)
+    # (action, mapped by `mesh` and `perm`, mapped by `mesh` alone)
+    cases = [
+        (Local(reduce), Local(reduce2), Local(reduce2)),
+        (ReducePsum(reduce, ("b", "a")), ReducePsum(reduce2, ("y", "x")), ReducePsum(reduce2, ("y", "x"))),
+        (HaloExchange(stencil, (1, 2)), HaloExchange(stencil2, (2, 0)), HaloExchange(stencil2, (1, 2))),
+        (ColumnParallel(matrix, (("a",), ())), None, ColumnParallel(matrix2, (("x",), ()))),
+        (GatherColumnParallel(matrix, (("a",), ()), ("b", "c")), None,
+         GatherColumnParallel(matrix2, (("x",), ()), ("y", "z"))),
+        (RowParallel(matrix, ((), ("a", "b")), ("a", "b")), None, RowParallel(matrix2, ((), ("x", "y")), ("x", "y"))),
+        (RowParallelScatter(matrix, ((), ("c",)), ("c",)), None, RowParallelScatter(matrix2, ((), ("z",)), ("z",))),
+        (AllToAll(("b", "c"), 0, 2, 1, 3), AllToAll(("y", "z"), 1, 0, 1, 3), AllToAll(("y", "z"), 0, 2, 1, 3)),
+        (Split(("c",), 1, 2), Split(("z",), 2, 2), Split(("z",), 1, 2)),
+        (Gather(("a",), 2, 5), Gather(("x",), 0, 5), Gather(("x",), 2, 5)),
+        (Branch(total, ((Split(("a",), 0),), (Local(reduce), AllToAll(("c",), 1, 2)))),
+         Branch(total2, ((Split(("x",), 1),), (Local(reduce2), AllToAll(("z",), 2, 0)))),
+         Branch(total2, ((Split(("x",), 0),), (Local(reduce2), AllToAll(("z",), 1, 2))))),
+        (Branch(total, ((ColumnParallel(matrix, (("a",), ())),), (Local(reduce),))), None,
+         Branch(total2, ((ColumnParallel(matrix2, (("x",), ())),), (Local(reduce2),)))),
+    ]
+    assert {type(action) for action, _, _ in cases} == set(ACTIONS)
+    for action, moved, renamed in cases:
+        assert action.mapped(steps, mesh, perm) == moved  # steps compare by identity: each is replaced
+        mapped = action.mapped(steps, mesh, still)
+        assert mapped == renamed
+        assert not set(_strings(mapped)) & set(mesh), f"{type(action).__name__} keeps a mesh axis's old name"
+        assert action.mapped({id(s): s for s in ours}, {n: n for n in mesh}, still) == action
+
+
+def _strings(value) -> Iterator[str]:
+    """The strings in an action's fields (a sum's terms' actions' too), but its step's."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, tuple):
+        for v in value:
+            yield from _strings(v)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, Step):
+        for field in dataclasses.fields(value):
+            yield from _strings(getattr(value, field.name))
 
 
 def test_a_plan_read_from_json_lowers_to_the_same_program():

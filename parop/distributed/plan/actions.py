@@ -1,7 +1,8 @@
 """The actions of a plan. Each kind of action is one class that knows its layout
 effect (`after`), its collectives forward and, for `jax.grad`, backward
-(`collectives`), its transpose (`transpose`: the actions of the adjoint) and how a
-plan shows it (`describe`); its lowering is registered in `lower.py` (`run_action`).
+(`collectives`), its transpose (`transpose`: the actions of the adjoint), its image
+under a symmetry or in an operator alike (`mapped`) and how a plan shows it
+(`describe`); its lowering is registered in `lower.py` (`run_action`).
 The search asks the kinds for the moves from a state (`StepAction.candidates`,
 `AllToAll.candidates`, `Split.candidates`).
 
@@ -37,9 +38,9 @@ the replay of a finished plan compute alike.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import ClassVar, Iterator, Union
+from typing import ClassVar, Iterator, Mapping, Union
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from ...operators import Role
 from ..layout import Layout, pads, spec_of
 from .cost import ALL_GATHER, ALL_TO_ALL, PPERMUTE, PSUM, PSUM_SCATTER, Collective, sent, traffic_text
 from .program import Step
+from .symmetry import rename
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,15 @@ class StepAction:
     def transpose(self, before: State) -> tuple["Action", ...]:
         """The actions of the adjoint step, from this action's output back to `before`."""
         raise NotImplementedError
+
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str], perm: tuple[int, ...]) -> "StepAction | None":
+        """This action running `steps[id(self.step)]` instead (the step's image in an
+        operator alike, or under a symmetry), each mesh axis `m` it names renamed
+        `mesh[m]` and each tensor axis `a` moved to `perm[a]` (see `mapped_route`); None
+        where it cannot be mapped. This base replaces the step (what the kind derives from
+        it, such as the tensor axes it runs on, follows); a kind with fields naming mesh
+        or tensor axes maps them as well."""
+        return replace(self, step=steps[id(self.step)])
 
     def weight_spec(self, state: State) -> tuple[tuple[str, ...], ...] | None:
         """The mesh axes splitting each weight axis where this step runs (None: no
@@ -309,6 +320,9 @@ class ReducePsum(StepAction):
         a = self.reduced[0]
         return Local(self.step.transposed()), Split(self.axes, a, -before.sizes[a] % before.group(self.axes))
 
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str], perm: tuple[int, ...]) -> "ReducePsum":
+        return replace(super().mapped(steps, mesh, perm), axes=_named(self.axes, mesh))
+
 
 @dataclass(frozen=True)
 class HaloExchange(StepAction):
@@ -332,6 +346,9 @@ class HaloExchange(StepAction):
 
     def transpose(self, before: State) -> tuple["Action", ...]:
         return (HaloExchange(self.step.transposed(), self.axes),)
+
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str], perm: tuple[int, ...]) -> "HaloExchange":
+        return replace(super().mapped(steps, mesh, perm), axes=tuple(perm[a] for a in self.axes))
 
     def detail(self, before: State) -> str:
         return ", halo exchange on axis " + ", ".join(f"{a} over {'+'.join(before.layout[a])}" for a in self.axes)
@@ -357,6 +374,15 @@ class TensorParallel(StepAction):
 
     def weight_spec(self, state: State) -> tuple[tuple[str, ...], ...]:
         return self.weight_split
+
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str],
+               perm: tuple[int, ...]) -> "TensorParallel | None":
+        """None where `perm` moves a tensor axis: `weight_split` is indexed by the weight's
+        own axes, which such a move permutes as the weight's step orders them (the
+        program's `automorphisms` know how, not the action)."""
+        if perm != tuple(range(len(perm))):
+            return None
+        return replace(super().mapped(steps, mesh, perm), weight_split=rename(self.weight_split, mesh))
 
     def detail(self, before: State) -> str:
         return f", {self.form}-parallel: weight split over {'+'.join(n for part in self.weight_split for n in part)}"
@@ -398,6 +424,11 @@ class GatherColumnParallel(ColumnParallel):
     def transpose(self, before: State) -> tuple["Action", ...]:
         return (RowParallelScatter(self.step.transposed(), self.weight_split, self.axes),)
 
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str],
+               perm: tuple[int, ...]) -> "GatherColumnParallel | None":
+        action = super().mapped(steps, mesh, perm)
+        return None if action is None else replace(action, axes=_named(self.axes, mesh))
+
 
 @dataclass(frozen=True)
 class RowParallel(TensorParallel):
@@ -416,6 +447,10 @@ class RowParallel(TensorParallel):
 
     def transpose(self, before: State) -> tuple["Action", ...]:
         return (ColumnParallel(self.step.transposed(), self.weight_split),)
+
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str], perm: tuple[int, ...]) -> "RowParallel | None":
+        action = super().mapped(steps, mesh, perm)
+        return None if action is None else replace(action, axes=_named(self.axes, mesh))
 
 
 @dataclass(frozen=True)
@@ -488,6 +523,10 @@ class AllToAll:
         pad = before.blocks[self.src] * before.splits[self.src] - before.sizes[self.src] if self.crop else 0
         return (AllToAll(self.axes, self.dst, self.src, pad, before.sizes[self.dst] if self.pad else 0),)
 
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str], perm: tuple[int, ...]) -> "AllToAll":
+        """(`pad` and `crop` stay: `perm` moves axes only onto axes of their size.)"""
+        return replace(self, axes=_named(self.axes, mesh), src=perm[self.src], dst=perm[self.dst])
+
     def describe(self, before: State) -> str:
         padding = f", axis {self.dst} padded with {self.pad} zeros" if self.pad else ""
         cropping = f", axis {self.src} cropped to {self.crop}" if self.crop else ""
@@ -530,6 +569,9 @@ class Split:
     def transpose(self, before: State) -> tuple["Action", ...]:
         return (Gather(self.axes, self.dst, before.sizes[self.dst] if self.pad else 0),)
 
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str], perm: tuple[int, ...]) -> "Split":
+        return replace(self, axes=_named(self.axes, mesh), dst=perm[self.dst])
+
     def describe(self, before: State) -> str:
         padding = f", padded with {self.pad} zeros" if self.pad else ""
         return (f"split axis {self.dst} over {'+'.join(self.axes)} (local slice{padding})"
@@ -557,6 +599,9 @@ class Gather:
         pad = before.blocks[self.src] * before.splits[self.src] - before.sizes[self.src] if self.crop else 0
         return (Split(self.axes, self.src, pad),)
 
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str], perm: tuple[int, ...]) -> "Gather":
+        return replace(self, axes=_named(self.axes, mesh), src=perm[self.src])
+
     def describe(self, before: State) -> str:
         return (f"all_gather axis {self.src} over {'+'.join(self.axes)}"
                 f"{traffic_text(*self.collectives(before))}   -> {spec_of(self.after(before))}")
@@ -577,6 +622,10 @@ class Branch:
         from .plan import transpose_from  # the replay of a term lives with the plan
 
         return (Branch(self.step.transposed(), tuple(transpose_from(term, before) for term in self.terms)),)
+
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str], perm: tuple[int, ...]) -> "Branch | None":
+        terms = tuple(mapped_route(term, steps, mesh, perm) for term in self.terms)
+        return None if None in terms else Branch(steps[id(self.step)], terms)
 
     def describe(self, before: State) -> str:
         return f"sum of {len(self.terms)} terms:"
@@ -617,6 +666,25 @@ def fold(items: list) -> tuple["Action", ...]:
         else:
             out.append(item)
     return tuple(out)
+
+
+def mapped_route(actions: tuple["Action", ...], steps: Mapping[int, Step], mesh: Mapping[str, str],
+                 perm: tuple[int, ...]) -> tuple["Action", ...] | None:
+    """`actions` (folded: no sum markers) with each step `s` they run replaced by
+    `steps[id(s)]` (an operator's route taken by another operator alike but for its
+    weights' names, or its image under a symmetry), each mesh axis `m` they name
+    renamed `mesh[m]` and each tensor axis `a` moved to `perm[a]`: each action's
+    `mapped`. None where one of them cannot be mapped.
+
+    >>> mapped_route((Split(("a",), 0), Gather(("a",), 0)), {}, {"a": "b"}, (1, 0))
+    (Split(axes=('b',), dst=1, pad=0), Gather(axes=('b',), src=1, crop=0))"""
+    out = tuple(action.mapped(steps, mesh, perm) for action in actions)
+    return None if None in out else out
+
+
+def _named(axes: tuple[str, ...], mesh: Mapping[str, str]) -> tuple[str, ...]:
+    """Mesh axes `axes`, each `m` renamed `mesh[m]`."""
+    return tuple(mesh[m] for m in axes)
 
 
 Action = Union[StepAction, AllToAll, Split, Gather, Branch]

@@ -16,7 +16,6 @@ Two searches share the moves and the costs:
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import heapq
 import itertools
@@ -24,7 +23,7 @@ import math
 from typing import Iterator, Mapping
 
 from ..layout import Layout, layouts
-from .actions import AllToAll, Branch, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, runs_as_is
+from .actions import AllToAll, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, mapped_route, runs_as_is
 from .context import Context
 from .cost import CostModel
 from .goal import Goal
@@ -488,7 +487,8 @@ class Search:
                 step, route = known
             elif key in routes:
                 first, step, route = routes[key]
-                route = _renamed(route, dict(zip(map(id, first.all_steps()), prog.all_steps())))
+                route = mapped_route(route, dict(zip(map(id, first.all_steps()), prog.all_steps())),
+                                     {name: name for name, _ in self.mesh}, tuple(range(len(layouts[i].value))))
             else:
                 ends = goal if i == n - 1 else Goal.layout(layouts[i + 1].value)
                 step, route = self._run(self.context(prog, prog.shape, itemsize),
@@ -503,7 +503,7 @@ class Search:
         mapped by the symmetry `names` (`(names, perm)`: from that search's layouts to
         `prog`'s; None: the identity), or None where the route names a weight's split,
         which the tensor axes' move would not take along."""
-        steps = {}
+        steps, mesh, perm = {}, {name: name for name, _ in self.mesh}, tuple(range(len(out.value)))
         if names is not None:
             mesh, perm = names
             steps = image(found.prog, perm)
@@ -511,7 +511,8 @@ class Search:
                                    tuple(sorted(range(len(perm)), key=perm.__getitem__))))
         k = next(k for k, (_, lay) in enumerate(found.found) if lay is out)
         own = dict(zip(map(id, found.prog.all_steps()), prog.all_steps()))
-        route = _renamed(found.routes[k], {id(s): own[id(steps.get(id(s), s))] for s in found.prog.all_steps()}, names)
+        route = mapped_route(found.routes[k], {id(s): own[id(steps.get(id(s), s))] for s in found.prog.all_steps()},
+                             mesh, perm)
         return None if route is None else (found.found[k][0], route)
 
     def pins(self, prog: Program) -> tuple:
@@ -1044,39 +1045,6 @@ def _matching(edges: dict) -> dict:
     for b in edges:
         augment(b, set())
     return pair
-
-
-def _renamed(actions: tuple, steps: Mapping[int, Step], names: tuple | None = None) -> tuple | None:
-    """`actions` with each step `s` they run replaced by `steps[id(s)]` (an operator's route
-    taken by another operator alike but for its weights' names, or its image under a
-    symmetry), and, for `names` = `(names, perm)`, each mesh axis `m` they name by
-    `names[m]` and each tensor axis `a` by `perm[a]`; None if an action splits a weight
-    and `perm` moves a tensor axis."""
-    out = []
-    mesh, perm = names if names is not None else ({}, None)
-    moves = perm is not None and perm != tuple(range(len(perm)))
-    for action in actions:
-        if isinstance(action, Branch):
-            terms = tuple(_renamed(term, steps, names) for term in action.terms)
-            if None in terms:
-                return None
-            action = Branch(steps[id(action.step)], terms)
-        else:
-            changes = {"step": steps[id(action.step)]} if isinstance(action, StepAction) else {}
-            for field in dataclasses.fields(action) if names is not None else ():
-                value = getattr(action, field.name)
-                if field.name == "weight_split":
-                    if moves:
-                        return None
-                    changes[field.name] = rename(value, mesh)
-                elif field.name == "axes":
-                    changes[field.name] = tuple(mesh[m] if isinstance(m, str) else perm[m] for m in value)
-                elif field.name in ("src", "dst"):
-                    changes[field.name] = perm[value]
-            if changes:
-                action = dataclasses.replace(action, **changes)
-        out.append(action)
-    return tuple(out)
 
 
 def _route(back: dict, state) -> list:
