@@ -849,6 +849,19 @@ class Search:
         on those axes when it runs: a mesh axis parked elsewhere, where no departure moves
         it, costs that all-reduce or a move of its own; one latency more.
 
+        *A stencil* (a pending step with `HALO` axes that read neighbours, `ctx.halos`):
+        each such axis split now is, when the stencil runs, either still split, which
+        costs a halo exchange there (its `ppermute`s, never counted above: two each way
+        per axis, at least the latency and the planes of a split at least the mesh's
+        least), or whole: it has then lost every mesh axis, a departure that takes them
+        all (counted as above, with the arrivals that this makes necessary); the bound
+        takes the least over the choices of the axes that go whole. And where none stays
+        split, if no pending step can sum a mesh axis away and the tensor axes the
+        stencil leaves free cannot hold the mesh axes in use (`Context.holds`), one
+        halo axis holds one of them there: one exchange more. Whatever the route, one
+        choice is the route's, so the least of them is a lower bound; with several
+        stencils, the largest of their bounds is.
+
         `scope` (a mask of steps) limits it to the operator of a chain that runs now."""
         key = (ctx, done, lay, goal, scope)
         cached = self._lines.get(key)
