@@ -44,7 +44,7 @@ from parop.distributed.plan.goal import default_goal
 from parop.distributed.plan.program import chain
 from parop.distributed.plan.search import PlanningError, Search
 from parop.nn import FNO
-from parop.nn.fno import channel_mixing, spectral_convolution
+from parop.nn.fno import channel_mixing, local_convolution, spectral_convolution
 from parop.params import named
 from reference import apply_dense, close, dense, pairing, random_array, random_params, random_tree
 
@@ -235,32 +235,19 @@ def random_pins(rng, prog, mesh) -> dict:
     return pins
 
 
-PINNED_CASES = int(150 * SCALE)
-
-
-def test_the_fast_search_with_pinned_weights_is_as_cheap_as_the_exhaustive_search():
-    """Random planning problems (those of the sweep above, FNO layers first) with each
-    pointwise weight pinned at random (as when a network is planned again for another batch
-    size): the fast search's lower bound counts the moves a pin forces after its step, and
-    its cost still equals the exhaustive search's, or both find no plan."""
+def pinned_sweep(cases) -> tuple[int, int, list[str]]:
+    """Both searches on each case `(i, ops, shape, mesh, layout, cost, shard_weights,
+    goal, pins)`, the weights in `pins` pinned: how many cases are compared (the
+    exhaustive search finishes), how many of those have a plan, and those whose costs
+    differ."""
     compared, planned, wrong = 0, 0, []
-    for i in range(PINNED_CASES):
-        rng = np.random.default_rng([2027, i])
-        family, ops, shape, mesh, layout, cost, shard, goal = oracle_case(rng)
-        if i % 4:  # three cases in four an FNO layer: the pinned spectral weight this is about
-            batch = shape[len(ops[0].domain_shape):]
-            ops = [_fno_layer(rng)]
-            shape = ops[0].domain_shape + batch
-            layout = random_layout(rng, shape, mesh)
-            goal = default_goal(layout, ops[0].range_shape + batch, mesh) if rng.random() < 0.5 else Goal.any()
-        prog = chain(ops, shape)
-        pins = random_pins(rng, prog, mesh)
+    for i, ops, shape, mesh, layout, cost, shard, goal, pins in cases:
         found = {}
         for exhaustive in (True, False):
             search = Search(mesh, cost, shard, exhaustive=exhaustive, pinned=pins,
                             max_states=ORACLE_STATES if exhaustive else 200_000)
             try:
-                found[exhaustive] = search.run(prog, layout, goal)[0]
+                found[exhaustive] = search.run(chain(ops, shape), layout, goal)[0]
             except PlanningError as e:
                 found[exhaustive] = str(e)
             if exhaustive and isinstance(found[True], str) and "gave up" in found[True]:
@@ -272,8 +259,61 @@ def test_the_fast_search_with_pinned_weights_is_as_cheap_as_the_exhaustive_searc
         if not same_cost(found[False], found[True]):
             wrong.append(f"case {i}: {ops} on {shape}, mesh {mesh}, layout {layout}, pins {pins}, {cost}, "
                          f"shard_weights={shard}, goal {goal.prefixes}: fast {found[False]}, exhaustive {found[True]}")
+    return compared, planned, wrong
+
+
+PINNED_CASES = int(150 * SCALE)
+
+
+def test_the_fast_search_with_pinned_weights_is_as_cheap_as_the_exhaustive_search():
+    """Random planning problems (those of the sweep above, FNO layers first) with each
+    pointwise weight pinned at random (as when a network is planned again for another batch
+    size): the fast search's lower bound counts the moves a pin forces after its step, and
+    its cost still equals the exhaustive search's, or both find no plan."""
+    def cases():
+        for i in range(PINNED_CASES):
+            rng = np.random.default_rng([2027, i])
+            family, ops, shape, mesh, layout, cost, shard, goal = oracle_case(rng)
+            if i % 4:  # three cases in four an FNO layer: the pinned spectral weight this is about
+                batch = shape[len(ops[0].domain_shape):]
+                ops = [_fno_layer(rng)]
+                shape = ops[0].domain_shape + batch
+                layout = random_layout(rng, shape, mesh)
+                goal = default_goal(layout, ops[0].range_shape + batch, mesh) if rng.random() < 0.5 else Goal.any()
+            yield i, ops, shape, mesh, layout, cost, shard, goal, random_pins(rng, chain(ops, shape), mesh)
+
+    compared, planned, wrong = pinned_sweep(cases())
     assert not wrong, f"{len(wrong)} of {compared} cases differ:\n" + "\n".join(wrong)
     assert compared >= 0.8 * PINNED_CASES and planned >= 0.3 * compared, (compared, planned)
+
+
+HALO_CASES = int(40 * SCALE)
+
+
+def test_the_fast_search_with_a_local_kernel_is_as_cheap_as_the_exhaustive_search():
+    """FNO layers with a local convolution beside the spectral one (a sum whose last term
+    has `HALO` axes: the lower bound counts its halo exchanges, and where the mesh axes in
+    use cannot all sit on the axes it leaves free, one exchange at least), batch 1, 2 or
+    4 (a batch axis that can hold no mesh axis, or some), their weights pinned at random
+    or not: the fast search's cost equals the exhaustive search's, or both find no plan."""
+    def cases():
+        for i in range(HALO_CASES):
+            rng = np.random.default_rng([2028, i])
+            grid = [(8,), (8, 4), (4, 4)][int(rng.integers(3))]
+            batch, width = int(rng.choice([1, 2, 4])), int(rng.choice([2, 4]))
+            op = (spectral_convolution(batch, width, grid, tuple(n // 2 for n in grid), F64, "spectral")
+                  + channel_mixing(batch, width, width, grid, F64, "skip")
+                  + local_convolution(batch, width, grid, int(rng.choice([1, 3])), F64, "local"))
+            mesh = MESHES[int(rng.integers(len(MESHES)))]
+            layout = random_layout(rng, op.domain_shape, mesh)
+            cost = CostModel(latency_bytes=LATENCIES[int(rng.integers(3))], training=bool(rng.random() < 0.5))
+            goal = default_goal(layout, op.range_shape, mesh) if rng.random() < 0.5 else Goal.any()
+            pins = random_pins(rng, chain([op], op.domain_shape), mesh) if rng.random() < 0.5 else {}
+            yield i, [op], op.domain_shape, mesh, layout, cost, False, goal, pins
+
+    compared, planned, wrong = pinned_sweep(cases())
+    assert not wrong, f"{len(wrong)} of {compared} cases differ:\n" + "\n".join(wrong)
+    assert compared >= 0.6 * HALO_CASES and planned >= 0.4 * compared, (compared, planned)
 
 
 def _regression_cases():

@@ -42,8 +42,10 @@ tests compare their costs on hundreds of random operators and partitions), with:
    and the bytes of the smallest tensor any later state can hold (the current bytes
    times every pending step's shrink factor, over all devices), twice when training
    for an `all_to_all`; or one latency where a pending `Reduce` or tensor-parallel
-   `Matrix` could `psum` it away. Later terms of a sum add their own needs from the
-   sum's entry layout. A* with an admissible bound, reopening states when a cheaper
+   `Matrix` could `psum` it away. A stencil's `HALO` axis split now costs a halo
+   exchange unless it loses every mesh axis first (the cheaper of the two), and one
+   exchange at least where the axes the stencil leaves free cannot hold the mesh axes
+   in use. Later terms of a sum add their own needs from the sum's entry layout. A* with an admissible bound, reopening states when a cheaper
    route reaches them, returns a cheapest route.
 2. *Forced steps.* A step without a weight and with no other form, that runs where
    the tensor is with no collective, does not grow the tensor, and does not change

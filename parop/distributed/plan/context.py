@@ -10,6 +10,7 @@ from typing import Iterator
 
 from ...operators import Role
 from ..layout import pads
+from .actions import halo_width
 from .program import Program, Step
 
 
@@ -46,6 +47,21 @@ class Context:
                     along = frozenset(inner.axes[0] + a for a in inner.leaf.param_axes if a is not None)
                     if (j, along) not in self.pointwise:
                         self.pointwise.append((j, along))
+        # per stencil (a step, or one on a sum's line, with HALO axes that have neighbours): (its step,
+        # ((tensor axis, halo width, the axis's size there), ...), the axes that may hold mesh axes with no
+        # halo exchange there, None within a sum)
+        self.halos = []
+        self.resizes = [0] * ndim  # per axis: the steps that change its size
+        for j, step in enumerate(self.steps):
+            for a, n, m in zip(step.axes, step.in_sizes, step.out_sizes):
+                if n != m:
+                    self.resizes[a] |= 1 << j
+            for inner in _line_steps(step):
+                halos = tuple((a, halo_width(inner, a), n) for a, role, n in zip(inner.axes, inner.roles, inner.in_sizes)
+                              if role is Role.HALO and halo_width(inner, a) > 0)
+                if halos:
+                    busy = {a for a, role in zip(inner.axes, inner.roles) if role is Role.LOCAL} | {a for a, _, _ in halos}
+                    self.halos.append((j, halos, None if step.terms else tuple(b for b in range(ndim) if b not in busy)))
         self.shrinks = [_shrink(step) for step in self.steps]
         # per step: whether every split that may pad one of its axes before it may do so after it too
         # (so running it early never rules out a move)
@@ -162,6 +178,24 @@ class Context:
             self._bytes[key] = sizes
         return self._bytes[key]
 
+    def holds(self, done: int, k: int, used: tuple[int, ...], scope: int = -1) -> bool:
+        """Whether the tensor axes that stencil `k` (of `halos`) leaves free may hold mesh
+        axes of sizes `used` when it runs (an axis of size `n` holds a split in fewer than
+        `2n` pieces: a split dividing it, or one that pads it to less than twice its
+        size); an axis a pending step may resize before it may hold any. Only the steps
+        in `scope` count."""
+        j, _, free = self.halos[k]
+        sizes = self.sizes(done)
+        room = []
+        for b in free:
+            if self.resizes[b] & ~done & scope & ~self.descendants[j] & ~(1 << j):
+                return True
+            room.append(2 * sizes[b])
+        key = ("holds", used, tuple(room))
+        if key not in self._bytes:
+            self._bytes[key] = _fits(used, room)
+        return self._bytes[key]
+
     def meets(self, done: int, a: int, b: int) -> bool:
         """Whether one collective can come both before the first pending step that needs
         axis `a` whole and after the last one that needs axis `b` whole."""
@@ -199,16 +233,37 @@ class Context:
         return self._ready[done]
 
 
-def _axis_roles(step) -> Iterator[tuple[Step, int, Role]]:
-    """`(step, axis, role)` of a step's axes; for a sum, of its first term's steps: the
-    data the program goes on with pass through it (the other terms are lines of their
-    own, from the sum's entry layout to the first term's exit)."""
+def _line_steps(step) -> Iterator[Step]:
+    """The step, or for a sum the steps of its first term (each so): the data the program
+    goes on with pass through them (the other terms are lines of their own, from the
+    sum's entry layout to the first term's exit)."""
     if step.terms:
         for inner in step.terms[0].steps:
-            yield from _axis_roles(inner)
+            yield from _line_steps(inner)
     else:
-        for a, role in zip(step.axes, step.roles):
-            yield step, a, role
+        yield step
+
+
+def _axis_roles(step) -> Iterator[tuple[Step, int, Role]]:
+    """`(step, axis, role)` of the axes of the steps on a step's line (`_line_steps`)."""
+    for inner in _line_steps(step):
+        for a, role in zip(inner.axes, inner.roles):
+            yield inner, a, role
+
+
+def _fits(sizes: tuple[int, ...], room: list[int]) -> bool:
+    """Whether mesh axes of `sizes` can be shared out among tensor axes that can each be
+    split in fewer than `room[b]` pieces."""
+    if not sizes:
+        return True
+    for b, free in enumerate(room):
+        if sizes[0] < free:
+            room[b] = -(-free // sizes[0])  # p * q < 2n  <=>  q < ceil(2n / p)
+            found = _fits(sizes[1:], room)
+            room[b] = free
+            if found:
+                return True
+    return False
 
 
 def _shrink(step) -> float:

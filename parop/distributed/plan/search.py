@@ -850,6 +850,19 @@ class Search:
         on those axes when it runs: a mesh axis parked elsewhere, where no departure moves
         it, costs that all-reduce or a move of its own; one latency more.
 
+        *A stencil* (a pending step with `HALO` axes that read neighbours, `ctx.halos`):
+        each such axis split now is, when the stencil runs, either still split, which
+        costs a halo exchange there (its `ppermute`s, never counted above: two each way
+        per axis, at least the latency and the planes of a split at least the mesh's
+        least), or whole: it has then lost every mesh axis, a departure that takes them
+        all (counted as above, with the arrivals that this makes necessary); the bound
+        takes the least over the choices of the axes that go whole. And where none stays
+        split, if no pending step can sum a mesh axis away and the tensor axes the
+        stencil leaves free cannot hold the mesh axes in use (`Context.holds`), one
+        halo axis holds one of them there: one exchange more. Whatever the route, one
+        choice is the route's, so the least of them is a lower bound; with several
+        stencils, the largest of their bounds is.
+
         `scope` (a mask of steps) limits it to the operator of a chain that runs now."""
         key = (ctx, done, lay, goal, scope)
         cached = self._lines.get(key)
@@ -859,13 +872,56 @@ class Search:
         sizes = ctx.sizes(done)
         splits = self.state(sizes, ctx.itemsize(done), lay).splits
         pending = ~done & scope
-        mesh = self.mesh_sizes
         departures, whole = set(), set()  # `whole`: departures that take every mesh axis away
         for a, axes in enumerate(layout):
             if axes and (sizes[a] % splits[a] or ctx.needs[a] & pending):
                 whole.add(a)
             if a in whole or (axes and goal is not None and goal.conflicts(a, axes)):
                 departures.add(a)
+        counted = {}  # split HALO axes that lose every mesh axis too -> `collectives` with them
+
+        def collectives(gone: frozenset) -> float:
+            found = counted.get(gone)
+            if found is None:
+                found = counted[gone] = self.collectives(ctx, done, layout, goal, scope, departures | gone,
+                                                         whole | gone)
+            return found
+
+        total = collectives(frozenset())
+        if ctx.halos:
+            ways = 2 if self.cost.training else 1
+            least = ctx.least_bytes(done) / self.devices
+            used = tuple(sorted((self.mesh_sizes[m] for axes in layout for m in axes if self.mesh_sizes[m] > 1),
+                                reverse=True))
+            fewest = min(self.mesh_sizes.values())
+            kept = not ctx.psum_steps & pending  # no mesh axis in use can go before a stencil
+
+            def exchange(width: int, n: int, split: int) -> float:  # split: a least split of its axis then
+                fits = width <= -(-n // split)
+                return 2 * ways * (self.cost.latency_bytes + least * split / n * width) if fits else math.inf
+
+            for k, (j, halos, free) in enumerate(ctx.halos):
+                if not pending >> j & 1:
+                    continue
+                split = {a: exchange(width, n, fewest) for a, width, n in halos if layout[a] and a not in whole}
+                crowded = used and kept and free is not None and not ctx.holds(done, k, used, scope)
+                anew = min(exchange(width, n, used[-1]) for _, width, n in halos) if crowded else 0.0
+                here = math.inf
+                for r in range(len(split) + 1):
+                    for gone in itertools.combinations(split, r):
+                        exchanged = sum(cost for a, cost in split.items() if a not in gone) if r < len(split) else anew
+                        if exchanged < here:
+                            here = min(here, exchanged + collectives(frozenset(gone)))
+                total = max(total, here)
+        self._lines[key] = total
+        return total
+
+    def collectives(self, ctx: Context, done: int, layout: Layout, goal: Goal | None, scope: int,
+                    departures: set, whole: set) -> float:
+        """`line`'s count of the collectives but the halo exchanges, given the tensor
+        axes that depart (`departures`; `whole`: those that lose every mesh axis)."""
+        pending = ~done & scope
+        mesh = self.mesh_sizes
         arrivals = []
         if goal is not None and goal.prefixes is not None:
             arrivals = [b for b, want in enumerate(goal.prefixes)
@@ -939,7 +995,6 @@ class Search:
                     total += sum(costs)
         if goal is None or goal.prefixes is None:
             total += self.pins_share(ctx, done, layout, pending, departures, shared)
-        self._lines[key] = total
         return total
 
     def pins_share(self, ctx: Context, done: int, layout: Layout, pending: int, departures: set,
