@@ -190,6 +190,7 @@ class Search:
         self._pins: dict = {}
         self._pinned_splits: dict = {}
         self._renamed: dict = {}  # renamed pins -> the search with them: the symmetry's searches
+        self._subs: list = []  # every search `sub` started: their states count as this one's
 
     def release(self) -> None:
         """Drops the tables (a finished search needs none of them) so that their millions of
@@ -202,8 +203,9 @@ class Search:
 
     @property
     def expanded(self) -> int:
-        """The states this search expanded, with those of its searches with renamed pins."""
-        return self._expanded + sum(s.expanded for s in self._renamed.values())
+        """The states this search expanded, with those of the searches it started (`sub`:
+        for its bounds and its symmetries)."""
+        return self._expanded + sum(s.expanded for s in self._subs)
 
     # -- tables ------------------------------------------------------------------------------
     def intern(self, value) -> Interned:
@@ -237,8 +239,10 @@ class Search:
     def sub(self, pinned: Mapping) -> "Search":
         """A search of its own on the same mesh and cost model, sharing this one's tables,
         with the weights in `pinned` pinned."""
-        return Search(self.mesh_sizes, self.cost, self.shard_weights, max_states=self.max_states, pinned=pinned,
-                      tables=self.tables)
+        search = Search(self.mesh_sizes, self.cost, self.shard_weights, max_states=self.max_states, pinned=pinned,
+                        tables=self.tables)
+        self._subs.append(search)
+        return search
 
     def term(self, frame: Frame, k: int) -> Context:
         parent, after, j, _, _, _ = frame
