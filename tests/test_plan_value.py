@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 import parop as po
 import parop.distributed.plan.search as search_module
+from parop.distributed.plan.plan import JSON_FORMAT
 from parop.distributed.plan import program
 from parop.distributed.plan.actions import (ACTIONS, AllToAll, Branch, ColumnParallel, Gather, GatherColumnParallel,
                                             HaloExchange, Local, ReducePsum, RowParallel, RowParallelScatter, Split)
@@ -51,6 +52,9 @@ def test_equal_arguments_give_equal_plans_and_json_gives_them_back():
     assert "row-parallel" in str(plan) and "Stencil" in str(plan) and "sum of 2 terms" in str(plan)
     with pytest.raises(ValueError, match="not the JSON of a parop Plan"):
         po.Plan.from_json('{"a": 1}')
+    older = plan.to_json().replace(f'"parop.Plan":{JSON_FORMAT}', '"parop.Plan":1')
+    with pytest.raises(ValueError, match="written in format 1; this parop reads format 2 .*plan the operator again"):
+        po.Plan.from_json(older)
 
 
 def test_every_kind_of_action_goes_to_json_and_back():

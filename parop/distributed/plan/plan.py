@@ -184,7 +184,7 @@ class Plan:
     @cached_property
     def _json(self) -> str:
         fields = {f.name: encode(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        return json.dumps({"parop.Plan": 1, **fields}, sort_keys=True, separators=(",", ":"))
+        return json.dumps({"parop.Plan": JSON_FORMAT, **fields}, sort_keys=True, separators=(",", ":"))
 
     def to_json(self) -> str:
         """The plan as JSON text: `po.Plan.from_json(text) == plan`."""
@@ -195,8 +195,12 @@ class Plan:
         """The plan `to_json` wrote. Leaves are rebuilt from their class (imported by its
         module and name: read only plans you trust) and their static fields."""
         data = json.loads(text)
-        if not isinstance(data, dict) or data.pop("parop.Plan", None) != 1:
+        form = data.pop("parop.Plan", None) if isinstance(data, dict) else None
+        if not isinstance(form, int):
             raise ValueError("Plan.from_json: not the JSON of a parop Plan (Plan.to_json's text)")
+        if form != JSON_FORMAT:
+            raise ValueError(f"Plan.from_json: the plan was written in format {form}; this parop reads format "
+                             f"{JSON_FORMAT} (its actions changed since): plan the operator again")
         return Plan(**{name: decode(value) for name, value in data.items()})
 
     def __eq__(self, other) -> bool:
@@ -266,6 +270,9 @@ def transpose_from(actions: tuple[Action, ...], state: State) -> tuple[Action, .
 # -- JSON ----------------------------------------------------------------------------------
 
 _DATACLASSES = {cls.__name__: cls for cls in (*ACTIONS, Step, Program, Slot, CostModel)}
+# the format of `Plan.to_json`: one more whenever what it writes changes (2: one class per way of running
+# a step, `Local`, `ReducePsum`, `HaloExchange`, the tensor-parallel kinds, where 1 had one with flags)
+JSON_FORMAT = 2
 
 
 def _path(cls: type) -> str:
