@@ -1012,13 +1012,22 @@ class Search:
           after that step: not a departure counted before the step (one that must come
           before the first step needing its axis whole, when that step precedes the
           pinned one);
-        - *before it*: such an axis that lacks a mesh axis of its pin now needs an
-          action with it as its target before that step: an `all_to_all`, or, for mesh
-          axes free now (or that a pending `psum` may free), a split (its gradient's
-          all-reduce when training). A dense `Matrix` on that axis may put mesh axes
-          there itself: then nothing is counted. A departure counted, or a collective
-          after another pinned step, may be this one (a maximum matching of them is
-          not counted).
+        - *before it*: the pin's order of mesh axes on such an axis must be there when
+          the step runs: its first mesh axis first on the axis, each other one right
+          after the one before it. Each of these adjacencies missing now needs an action
+          before the step that makes it: an `all_to_all` moves only the minor end of one
+          axis and appends it to another, a split appends a free mesh axis (so does a
+          column-parallel `Matrix` to its whole axis), and no other action puts a mesh
+          axis anywhere, so each action makes at most one new adjacency (the first mesh
+          axis it moves after the last one of its target, or first there), and each
+          missing one needs an action of its own, that moves its mesh axis: an
+          `all_to_all`, or, for a mesh axis free now (or that a pending `psum` may
+          free), a split (its gradient's all-reduce when training). One that puts a mesh
+          axis first on the axis has the axis as its target, so is no departure from it.
+          A dense `Matrix` on that axis may put mesh axes there itself: then nothing is
+          counted for the axis. A departure counted, or a collective after another
+          pinned step, may be one of these actions (a maximum matching of them is not
+          counted).
 
         Each is priced at its least, as a departure; less one latency for each
         collective of a dense `Matrix` or a pointwise weight counted (`shared`: either
@@ -1026,14 +1035,22 @@ class Search:
         found = self._pinned_splits.get(ctx)
         if found is None:
             found = self._pinned_splits[ctx] = self.pinned_splits(ctx)
-        after, before = {}, {}  # tensor axis -> (its pinned step, its least mesh axis size)
+        after = {}  # tensor axis -> (its pinned step, its least mesh axis size)
+        before = {}  # tensor axis -> (its pinned step, ((mesh axis, whether first), ...) of the missing adjacencies)
+        adjacent = None  # the pairs of mesh axes one right after the other on a tensor axis now
         for j, splits in found:
             if not pending >> j & 1:
                 continue
             for a, names, touched in splits:
                 smallest = min(self.mesh_sizes[n] for n in names)
-                if a not in before and not touched & pending and any(n not in layout[a] for n in names):
-                    before[a] = (j, names)
+                if a not in before and not touched & pending and layout[a] != names:
+                    if adjacent is None:
+                        adjacent = {pair for axes in layout for pair in zip(axes, axes[1:])}
+                    missing = ((names[0], True),) if layout[a][:1] != names[:1] else ()
+                    missing += tuple((y, False) for pair in zip(names, names[1:]) if pair not in adjacent
+                                     for y in pair[1:])
+                    if missing:
+                        before[a] = (j, missing)
                 if a in after or not ctx.needs[a] & pending & ctx.descendants[j] or ctx.psums[a] & pending:
                     continue
                 if a in departures:
@@ -1052,20 +1069,20 @@ class Search:
             return ways * (latency + least * (n - 1) / n / self.devices)
 
         extra = sum(moved(n) for _, n in after.values())
-        carriers = {b: [a for a in departures if a != b] + [a for a, (k, _) in after.items() if a != b and k != j]
-                    for b, (j, _) in before.items()}
+        carriers = {(b, y): [(a, True) for a in departures if a != b or not first]
+                            + [(a, False) for a, (k, _) in after.items() if (a != b or not first) and k != j]
+                    for b, (j, missing) in before.items() for y, first in missing}
         carried = _matching(carriers)
         used = {n for axes in layout for n in axes}
         psums = any(ctx.psums[a] & pending for a in range(len(layout)))
         split = latency if self.cost.training else 0.0
-        for b, (j, names) in before.items():
-            if b in carried:
+        for b, y in carriers:
+            if (b, y) in carried:
                 continue
-            wanted = [n for n in names if n not in layout[b]]
-            if all(n not in used for n in wanted):
+            if y not in used:
                 extra += split
             else:
-                cost = moved(min(self.mesh_sizes[n] for n in wanted))
+                cost = moved(self.mesh_sizes[y])
                 extra += min(cost, split) if psums else cost
         return max(0.0, extra - shared * latency)
 
