@@ -20,7 +20,7 @@ import gc
 import heapq
 import itertools
 import math
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from ..layout import Layout, layouts
 from .actions import AllToAll, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, mapped_route, runs_as_is
@@ -72,10 +72,19 @@ class Node:
 class Exits:
     """The layouts one operator of a chain can end in (all its steps run, unpadded), from
     one entry, cheapest first: an `explore` of `prog`, run on only as far as asked, with
-    the route to each (so that the chain's route needs no search of its own)."""
+    the route to each (so that the chain's route needs no search of its own).
 
-    def __init__(self, prog: Program, ends: Iterator):
+    `leaving` (for an operator that is one sum, see `Search.leaving`), called once when
+    first needed: `(moved, apart)`, lower bounds on what an exit other than the entry
+    layout `entry` costs beyond the cheapest route to `entry` itself, and on its cost by
+    any route that does not pass through that end state. Once the exit at `entry` is
+    found at cost `c`, every later exit costs at least `min(c + moved, apart)`."""
+
+    def __init__(self, prog: Program, ends: Iterator, entry: Interned | None = None,
+                 leaving: Callable[[], tuple[float, float]] | None = None):
         self.prog, self.ends = prog, ends
+        self.entry, self.leaving = entry, leaving
+        self.leave: tuple[float, float] | None = None  # `leaving()`, once called
         self.found: list[tuple[Cost, Interned]] = []  # (cost, layout), cheapest first
         self.routes: list[tuple] = []  # the actions to each of `found`
         self.popped: list = []  # (cost, tie, layout, actions) popped but not known to be next
@@ -97,7 +106,16 @@ class Exits:
         if self.over and not self.popped:
             return None
         tops = [self.popped[0][0]] if self.popped else []
-        return min(tops + [self.open[0][0]]) if self.open and not self.over else tops[0] if tops else ZERO
+        least = min(tops + [self.open[0][0]]) if self.open and not self.over else tops[0] if tops else ZERO
+        stay = next((cost for cost, lay in self.found[:k] if lay is self.entry), None)
+        if stay is None or self.leaving is None:
+            return least
+        if self.leave is None:
+            self.leave = self.leaving()
+        moved, apart = self.leave
+        floor = min(stay[0] + moved, apart)
+        # only the time is bounded: the later fields of a cost of exactly `floor` may be anything
+        return (floor, 0.0, 0, 0.0) if floor > least[0] else least
 
     def step(self) -> None:
         """Takes the cheapest exit popped if no other can cost less, or searches one state on."""
@@ -417,8 +435,9 @@ class Search:
                 key = (kinds[(i, moved)], renamed, ends, i > 0, i < n - 1)
                 found = self._exits.get(key)
                 if found is None:
+                    leaving = (lambda: search.leaving(contexts[i], renamed)) if i < n - 1 and _one_sum(contexts[i]) else None
                     found = self._exits[key] = Exits(progs[i], search.explore(contexts[i], [renamed.value], ends,
-                                                                               *key[3:]))
+                                                                               *key[3:]), renamed, leaving)
                 mine = searched[(i, lay)] = (found, names)
             return mine
 
@@ -514,6 +533,39 @@ class Search:
         route = mapped_route(found.routes[k], {id(s): own[id(steps.get(id(s), s))] for s in found.prog.all_steps()},
                              mesh, perm)
         return None if route is None else (found.found[k][0], route)
+
+    def leaving(self, ctx: Context, lay: Interned) -> tuple[float, float]:
+        """`(moved, apart)` for an operator that is one sum (`_one_sum`), from `lay`,
+        to an exit other than `lay`: `moved`, the least price of a move from the end state
+        in `lay`; `apart`, a lower bound on the routes that do not pass through that state.
+
+        Such a route either moves before the sum (at least the least price of a move from
+        `lay`), or runs the sum from `lay` to another exit layout: then every term runs
+        from `lay` to that layout, so it costs at least the sum over the terms of each
+        one's least cost from `lay` to an end other than `lay` (moves after its steps
+        included, padded ends allowed). That is a search of its own for the term with
+        the fewest steps (a weight's term: mostly moves of the whole tensor), `line` for
+        the others."""
+        step = ctx.steps[0]
+        terms = [self.context(t, ctx.sizes(0), ctx.itemsize(0)) for t in step.terms]
+        searched = min(terms, key=lambda t: len(t.steps))
+        if self._term_search is None:
+            self._term_search = self.sub(self.pinned)
+        search = self._term_search
+        apart = sum(self.line(t, 0, lay, None) for t in terms if t is not searched)
+        try:
+            apart += next((cost[0] for cost, state, _, _ in search.explore(searched, [lay.value], Goal.any(),
+                                                                           before=True, padded=True)
+                           if state is not None and state[3] is not lay), math.inf)
+        except PlanningError:
+            apart += self.line(searched, 0, lay, None)
+        return self.least_move(ctx, ctx.full, lay), min(apart, self.least_move(ctx, 0, lay))
+
+    def least_move(self, ctx: Context, done: int, lay: Interned) -> float:
+        """The least price of a move (an `AllToAll` or a `Split`) from `(done, lay)`."""
+        here = self.node(ctx, done, lay).here
+        return min((price[0] for _, _, price, _, _ in self.step_moves((here.sizes, here.itemsize, lay), None, here)),
+                   default=math.inf)
 
     def pins(self, prog: Program) -> tuple:
         """`(name, layout)` of `prog`'s pinned weights, in order (memoised)."""
@@ -1080,6 +1132,12 @@ class Search:
             if splits:
                 found.append((j, splits))
         return tuple(found)
+
+
+def _one_sum(ctx: Context) -> bool:
+    """Whether the program is one sum and nothing else (a network's layer: its terms and
+    their sum)."""
+    return len(ctx.steps) == 1 and bool(ctx.steps[0].terms)
 
 
 def _matching(edges: dict) -> dict:
