@@ -75,16 +75,17 @@ class Exits:
     the route to each (so that the chain's route needs no search of its own).
 
     `leaving` (for an operator that is one sum, see `Search.leaving`), called once when
-    first needed: `(moved, apart)`, lower bounds on what an exit other than the entry
-    layout `entry` costs beyond the cheapest route to `entry` itself, and on its cost by
-    any route that does not pass through that end state. Once the exit at `entry` is
-    found at cost `c`, every later exit costs at least `min(c + moved, apart)`."""
+    first needed: `(staying, moved, apart)`, lower bounds on the cost of the exit at the
+    entry layout `entry` itself, on what an exit elsewhere costs beyond the route to the
+    end state at `entry`, and on its cost by any route that does not pass through that
+    state. So an exit not found yet costs at least `min(staying, apart)`, and once the
+    exit at `entry` is found at cost `c`, every later one at least `min(c + moved, apart)`."""
 
     def __init__(self, prog: Program, ends: Iterator, entry: Interned | None = None,
-                 leaving: Callable[[], tuple[float, float]] | None = None):
+                 leaving: Callable[[], tuple[float, float, float]] | None = None):
         self.prog, self.ends = prog, ends
         self.entry, self.leaving = entry, leaving
-        self.leave: tuple[float, float] | None = None  # `leaving()`, once called
+        self.leave: tuple[float, float, float] | None = None  # `leaving()`, once called
         self.found: list[tuple[Cost, Interned]] = []  # (cost, layout), cheapest first
         self.routes: list[tuple] = []  # the actions to each of `found`
         self.popped: list = []  # (cost, tie, layout, actions) popped but not known to be next
@@ -107,13 +108,13 @@ class Exits:
             return None
         tops = [self.popped[0][0]] if self.popped else []
         least = min(tops + [self.open[0][0]]) if self.open and not self.over else tops[0] if tops else ZERO
-        stay = next((cost for cost, lay in self.found[:k] if lay is self.entry), None)
-        if stay is None or self.leaving is None:
+        if self.leaving is None:
             return least
         if self.leave is None:
             self.leave = self.leaving()
-        moved, apart = self.leave
-        floor = min(stay[0] + moved, apart)
+        staying, moved, apart = self.leave
+        stay = next((cost[0] for cost, lay in self.found[:k] if lay is self.entry), None)
+        floor = min(staying if stay is None else stay + moved, apart)
         # only the time is bounded: the later fields of a cost of exactly `floor` may be anything
         return (floor, 0.0, 0, 0.0) if floor > least[0] else least
 
@@ -534,13 +535,19 @@ class Search:
                              mesh, perm)
         return None if route is None else (found.found[k][0], route)
 
-    def leaving(self, ctx: Context, lay: Interned) -> tuple[float, float]:
-        """`(moved, apart)` for an operator that is one sum (`_one_sum`), from `lay`,
-        to an exit other than `lay`: `moved`, the least price of a move from the end state
-        in `lay`; `apart`, a lower bound on the routes that do not pass through that state.
+    def leaving(self, ctx: Context, lay: Interned) -> tuple[float, float, float]:
+        """`(staying, moved, apart)` for an operator that is one sum (`_one_sum`), from
+        `lay`: `staying`, a lower bound on its cost to the exit `lay` itself, the sum of
+        its terms' `line`s from `lay` back to `lay`; and to an exit other than `lay`:
+        `moved`, the least price of a move from the end state in `lay`; `apart`, a lower
+        bound on the routes that do not pass through that state.
 
-        Such a route either moves before the sum (at least the least price of a move from
-        `lay`), or runs the sum from `lay` to another exit layout: then every term runs
+        A route to the exit `lay` that moves before the sum pays at least that move, not
+        less than `staying` for the other routes (the sum from `lay`; the bound counts
+        only the collectives each term needs), hence `apart` is also a lower bound on it.
+        A route to another exit that does not pass through the end state in `lay` either
+        moves before the sum (at least the least price of a move from `lay`), or runs the
+        sum from `lay` to another exit layout: then every term runs
         from `lay` to that layout, so it costs at least the sum over the terms of each
         one's least cost from `lay` to an end other than `lay` (moves after its steps
         included, padded ends allowed). That is a search of its own for the term with
@@ -559,7 +566,8 @@ class Search:
                            if state is not None and state[3] is not lay), math.inf)
         except PlanningError:
             apart += self.line(searched, 0, lay, None)
-        return self.least_move(ctx, ctx.full, lay), min(apart, self.least_move(ctx, 0, lay))
+        staying = sum(self.line(t, 0, lay, self.exit_goal(lay)) for t in terms)
+        return staying, self.least_move(ctx, ctx.full, lay), min(apart, self.least_move(ctx, 0, lay))
 
     def least_move(self, ctx: Context, done: int, lay: Interned) -> float:
         """The least price of a move (an `AllToAll` or a `Split`) from `(done, lay)`."""
