@@ -34,6 +34,7 @@ Cost = tuple[float, float, int, float]  # (time in bytes, bytes sent, collective
 ZERO: Cost = (0.0, 0.0, 0, 0.0)
 INFINITE: Cost = (math.inf, math.inf, 0, math.inf)
 MAX_STATES = 200_000
+LEAVING_STATES = 256  # the most states `Search.leaving` searches a term for
 
 
 class PlanningError(ValueError):
@@ -436,7 +437,8 @@ class Search:
                 key = (kinds[(i, moved)], renamed, ends, i > 0, i < n - 1)
                 found = self._exits.get(key)
                 if found is None:
-                    leaving = (lambda: search.leaving(contexts[i], renamed)) if i < n - 1 and _one_sum(contexts[i]) else None
+                    one_sum = i < n - 1 and len(contexts[i].steps) == 1 and contexts[i].steps[0].terms
+                    leaving = (lambda: search.leaving(contexts[i], renamed)) if one_sum else None
                     found = self._exits[key] = Exits(progs[i], search.explore(contexts[i], [renamed.value], ends,
                                                                                *key[3:]), renamed, leaving)
                 mine = searched[(i, lay)] = (found, names)
@@ -536,36 +538,41 @@ class Search:
         return None if route is None else (found.found[k][0], route)
 
     def leaving(self, ctx: Context, lay: Interned) -> tuple[float, float, float]:
-        """`(staying, moved, apart)` for an operator that is one sum (`_one_sum`), from
-        `lay`: `staying`, a lower bound on its cost to the exit `lay` itself, the sum of
-        its terms' `line`s from `lay` back to `lay`; and to an exit other than `lay`:
-        `moved`, the least price of a move from the end state in `lay`; `apart`, a lower
-        bound on the routes that do not pass through that state.
+        """`(staying, moved, apart)` for an operator that is one sum and nothing else (a
+        network's layer) from `lay` (see `Exits`): `staying`, a lower bound on its cost
+        to the exit `lay` itself; to another exit, `moved`, the least price of a move from
+        the end state in `lay`, and `apart`, a lower bound on the routes that do not pass
+        through that state.
 
-        A route to the exit `lay` that moves before the sum pays at least that move, not
-        less than `staying` for the other routes (the sum from `lay`; the bound counts
-        only the collectives each term needs), hence `apart` is also a lower bound on it.
-        A route to another exit that does not pass through the end state in `lay` either
-        moves before the sum (at least the least price of a move from `lay`), or runs the
-        sum from `lay` to another exit layout: then every term runs
-        from `lay` to that layout, so it costs at least the sum over the terms of each
-        one's least cost from `lay` to an end other than `lay` (moves after its steps
-        included, padded ends allowed). That is a search of its own for the term with
-        the fewest steps (a weight's term: mostly moves of the whole tensor), `line` for
-        the others."""
-        step = ctx.steps[0]
-        terms = [self.context(t, ctx.sizes(0), ctx.itemsize(0)) for t in step.terms]
+        Why each is a lower bound. A route that moves before the sum pays at least the
+        least price of a move from `lay` (`apart` is at most that). Otherwise the sum
+        runs every term from `lay` to the sum's exit layout. To the exit `lay` each term
+        then costs at least its `line` back to `lay` (`staying`). To another exit, a route
+        either passes through the end state in `lay` and moves on from it (`moved`), or
+        the sum exits elsewhere: each term then costs at least its least cost from `lay`
+        to an end other than `lay` (moves after its steps included, padded ends
+        allowed), and `apart` adds these up: for the term with the fewest steps (a
+        weight's term: mostly moves of the whole tensor) a search of its own, stopped
+        after `LEAVING_STATES` states at the least key still open (no end not popped
+        costs less), `line` for the others."""
+        terms = [self.context(t, ctx.sizes(0), ctx.itemsize(0)) for t in ctx.steps[0].terms]
         searched = min(terms, key=lambda t: len(t.steps))
         if self._term_search is None:
             self._term_search = self.sub(self.pinned)
-        search = self._term_search
         apart = sum(self.line(t, 0, lay, None) for t in terms if t is not searched)
+        least = math.inf
         try:
-            apart += next((cost[0] for cost, state, _, _ in search.explore(searched, [lay.value], Goal.any(),
-                                                                           before=True, padded=True)
-                           if state is not None and state[3] is not lay), math.inf)
+            ends = self._term_search.explore(searched, [lay.value], Goal.any(), before=True, padded=True)
+            for count, (cost, state, _, heap) in enumerate(ends):
+                if state is not None and state[3] is not lay:
+                    least = cost[0]
+                    break
+                if count == LEAVING_STATES:
+                    least = heap[0][0][0] if heap else math.inf
+                    break
         except PlanningError:
-            apart += self.line(searched, 0, lay, None)
+            least = 0.0
+        apart += max(least, self.line(searched, 0, lay, None))
         staying = sum(self.line(t, 0, lay, self.exit_goal(lay)) for t in terms)
         return staying, self.least_move(ctx, ctx.full, lay), min(apart, self.least_move(ctx, 0, lay))
 
@@ -1140,12 +1147,6 @@ class Search:
             if splits:
                 found.append((j, splits))
         return tuple(found)
-
-
-def _one_sum(ctx: Context) -> bool:
-    """Whether the program is one sum and nothing else (a network's layer: its terms and
-    their sum)."""
-    return len(ctx.steps) == 1 and bool(ctx.steps[0].terms)
 
 
 def _matching(edges: dict) -> dict:
