@@ -20,7 +20,7 @@ import gc
 import heapq
 import itertools
 import math
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from ..layout import Layout, layouts
 from .actions import AllToAll, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, mapped_route, runs_as_is
@@ -34,6 +34,7 @@ Cost = tuple[float, float, int, float]  # (time in bytes, bytes sent, collective
 ZERO: Cost = (0.0, 0.0, 0, 0.0)
 INFINITE: Cost = (math.inf, math.inf, 0, math.inf)
 MAX_STATES = 200_000
+LEAVING_STATES = 256  # the most states `Search.leaving` searches a term for
 
 
 class PlanningError(ValueError):
@@ -72,10 +73,20 @@ class Node:
 class Exits:
     """The layouts one operator of a chain can end in (all its steps run, unpadded), from
     one entry, cheapest first: an `explore` of `prog`, run on only as far as asked, with
-    the route to each (so that the chain's route needs no search of its own)."""
+    the route to each (so that the chain's route needs no search of its own).
 
-    def __init__(self, prog: Program, ends: Iterator):
+    `leaving` (for an operator that is one sum, see `Search.leaving`), called once when
+    first needed: `(staying, moved, apart)`, lower bounds on the cost of the exit at the
+    entry layout `entry` itself, on what an exit elsewhere costs beyond the route to the
+    end state at `entry`, and on its cost by any route that does not pass through that
+    state. So an exit not found yet costs at least `min(staying, apart)`, and once the
+    exit at `entry` is found at cost `c`, every later one at least `min(c + moved, apart)`."""
+
+    def __init__(self, prog: Program, ends: Iterator, entry: Interned | None = None,
+                 leaving: Callable[[], tuple[float, float, float]] | None = None):
         self.prog, self.ends = prog, ends
+        self.entry, self.leaving = entry, leaving
+        self.leave: tuple[float, float, float] | None = None  # `leaving()`, once called
         self.found: list[tuple[Cost, Interned]] = []  # (cost, layout), cheapest first
         self.routes: list[tuple] = []  # the actions to each of `found`
         self.popped: list = []  # (cost, tie, layout, actions) popped but not known to be next
@@ -97,7 +108,16 @@ class Exits:
         if self.over and not self.popped:
             return None
         tops = [self.popped[0][0]] if self.popped else []
-        return min(tops + [self.open[0][0]]) if self.open and not self.over else tops[0] if tops else ZERO
+        least = min(tops + [self.open[0][0]]) if self.open and not self.over else tops[0] if tops else ZERO
+        if self.leaving is None:
+            return least
+        if self.leave is None:
+            self.leave = self.leaving()
+        staying, moved, apart = self.leave
+        stay = next((cost[0] for cost, lay in self.found[:k] if lay is self.entry), None)
+        floor = min(staying if stay is None else stay + moved, apart)
+        # only the time is bounded: the later fields of a cost of exactly `floor` may be anything
+        return (floor, 0.0, 0, 0.0) if floor > least[0] else least
 
     def step(self) -> None:
         """Takes the cheapest exit popped if no other can cost less, or searches one state on."""
@@ -421,8 +441,10 @@ class Search:
                 key = (kinds[(i, moved)], renamed, ends, i > 0, i < n - 1)
                 found = self._exits.get(key)
                 if found is None:
+                    one_sum = i < n - 1 and len(contexts[i].steps) == 1 and contexts[i].steps[0].terms
+                    leaving = (lambda: search.leaving(contexts[i], renamed)) if one_sum else None
                     found = self._exits[key] = Exits(progs[i], search.explore(contexts[i], [renamed.value], ends,
-                                                                               *key[3:]))
+                                                                               *key[3:]), renamed, leaving)
                 mine = searched[(i, lay)] = (found, names)
             return mine
 
@@ -518,6 +540,51 @@ class Search:
         route = mapped_route(found.routes[k], {id(s): own[id(steps.get(id(s), s))] for s in found.prog.all_steps()},
                              mesh, perm)
         return None if route is None else (found.found[k][0], route)
+
+    def leaving(self, ctx: Context, lay: Interned) -> tuple[float, float, float]:
+        """`(staying, moved, apart)` for an operator that is one sum and nothing else (a
+        network's layer) from `lay` (see `Exits`): `staying`, a lower bound on its cost
+        to the exit `lay` itself; to another exit, `moved`, the least price of a move from
+        the end state in `lay`, and `apart`, a lower bound on the routes that do not pass
+        through that state.
+
+        Why each is a lower bound. A route that moves before the sum pays at least the
+        least price of a move from `lay` (`apart` is at most that). Otherwise the sum
+        runs every term from `lay` to the sum's exit layout. To the exit `lay` each term
+        then costs at least its `line` back to `lay` (`staying`). To another exit, a route
+        either passes through the end state in `lay` and moves on from it (`moved`), or
+        the sum exits elsewhere: each term then costs at least its least cost from `lay`
+        to an end other than `lay` (moves after its steps included, padded ends
+        allowed), and `apart` adds these up: for the term with the fewest steps (a
+        weight's term: mostly moves of the whole tensor) a search of its own, stopped
+        after `LEAVING_STATES` states at the least key still open (no end not popped
+        costs less), `line` for the others."""
+        terms = [self.context(t, ctx.sizes(0), ctx.itemsize(0)) for t in ctx.steps[0].terms]
+        searched = min(terms, key=lambda t: len(t.steps))
+        if self._term_search is None:
+            self._term_search = self.sub(self.pinned)
+        apart = sum(self.line(t, 0, lay, None) for t in terms if t is not searched)
+        least = math.inf
+        try:
+            ends = self._term_search.explore(searched, [lay.value], Goal.any(), before=True, padded=True)
+            for count, (cost, state, _, heap) in enumerate(ends):
+                if state is not None and state[3] is not lay:
+                    least = cost[0]
+                    break
+                if count == LEAVING_STATES:
+                    least = heap[0][0][0] if heap else math.inf
+                    break
+        except PlanningError:
+            least = 0.0
+        apart += max(least, self.line(searched, 0, lay, None))
+        staying = sum(self.line(t, 0, lay, self.exit_goal(lay)) for t in terms)
+        return staying, self.least_move(ctx, ctx.full, lay), min(apart, self.least_move(ctx, 0, lay))
+
+    def least_move(self, ctx: Context, done: int, lay: Interned) -> float:
+        """The least price of a move (an `AllToAll` or a `Split`) from `(done, lay)`."""
+        here = self.node(ctx, done, lay).here
+        return min((price[0] for _, _, price, _, _ in self.step_moves((here.sizes, here.itemsize, lay), None, here)),
+                   default=math.inf)
 
     def pins(self, prog: Program) -> tuple:
         """`(name, layout)` of `prog`'s pinned weights, in order (memoised)."""
