@@ -63,11 +63,14 @@ class Context:
                     busy = {a for a, role in zip(inner.axes, inner.roles) if role is Role.LOCAL} | {a for a, _, _ in halos}
                     self.halos.append((j, halos, None if step.terms else tuple(b for b in range(ndim) if b not in busy)))
         self.shrinks = [_shrink(step) for step in self.steps]
-        # per step: whether every split that may pad one of its axes before it may do so after it too
-        # (so running it early never rules out a move)
-        self.keeps_padding = [all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
-                                  for q in split_counts) for step in self.steps]
         self.factors = [step.bytes_factor for step in self.steps]
+        # the steps the search may run as soon as they are ready and need no collective (`Search.forced`):
+        # no sum, no weight, not growing the tensor, and every split that may pad one of its axes before
+        # it may do so after it too (so running it early never rules out a move)
+        self.forceable = sum(1 << j for j, step in enumerate(self.steps)
+                             if not step.terms and not step.weighted and self.factors[j] <= 1
+                             and all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
+                                     for q in split_counts))
         self.ancestors = []  # per step: the bit mask of the steps that must run before it
         for j, mask in enumerate(self.preds):
             for i in range(j):

@@ -366,7 +366,7 @@ class Search:
                     "exhaustively; distribute its parts separately or split fewer axes")
             node = self.node(ctx, done, lay)
             if node.moves is None:
-                self.fill(ctx, done, node)
+                self.fill(ctx, done, lay, node)
             for edge, nxt in self.openings(state, node):
                 nxt, taken = self.settle(nxt)
                 if cost < least(nxt, INFINITE):
@@ -662,7 +662,7 @@ class Search:
         taken = ()
         while True:
             fr, ctx, done, lay = state
-            done, steps = self.forced(ctx, done, lay)
+            done, steps, _ = self.forced(ctx, done, lay)
             taken += steps
             state = (fr, ctx, done, lay)
             if fr is not None and done == ctx.full and fr.value[-1][3] > 0 and lay is fr.value[-1][5]:
@@ -671,29 +671,28 @@ class Search:
                 continue
             return state, taken
 
-    def forced(self, ctx: Context, done: int, lay: Interned) -> tuple[int, tuple]:
-        """The steps that run at once from `(done, layout)`, and the new done mask: a step
-        without a weight or another form, needing no collective, not growing the tensor
-        and not changing which splits may pad its axes (running it later is never
-        cheaper)."""
+    def forced(self, ctx: Context, done: int, lay: Interned) -> tuple[int, tuple, Node]:
+        """The steps that run at once from `(done, layout)`, the new done mask and its node:
+        a step without a weight or another form, needing no collective, not growing the
+        tensor and not changing which splits may pad its axes (`Context.forceable`:
+        running it later is never cheaper)."""
         node = self.node(ctx, done, lay)
         if node.settled is None:
-            start, taken, progress = done, [], True
+            start, taken, here, progress = done, [], node.here, bool(ctx.forceable & ~done)
             while progress:
                 progress = False
                 for j in ctx.ready(done):
-                    step = ctx.steps[j]
-                    if (step.terms or step.weighted or ctx.factors[j] > 1 or not ctx.keeps_padding[j]
-                            or not runs_as_is(step, self.node(ctx, done, lay).here)):
-                        continue
-                    taken.append(Local(step))
-                    done |= 1 << j
-                    progress = True
-                    break
+                    if ctx.forceable >> j & 1 and runs_as_is(ctx.steps[j], here):
+                        taken.append(Local(ctx.steps[j]))
+                        done |= 1 << j
+                        here = self.state(ctx.sizes(done), ctx.itemsize(done), lay)
+                        progress = True
+                        break
             node.settled = (done, tuple(taken))
             if done != start:
                 self.node(ctx, done, lay).settled = (done, ())
-        return node.settled
+        done, taken = node.settled
+        return done, taken, node if not taken else self.node(ctx, done, lay)
 
     def hand_over(self, state):
         """A sum's term has run to its exit: the next term starts from the entry layout, or
@@ -720,11 +719,11 @@ class Search:
             marker, nxt = self.hand_over(state)
             yield (marker,), nxt
 
-    def fill(self, ctx: Context, done: int, node: Node) -> None:
-        """The moves from `node` that do not depend on the sum frames around it, each with
-        the steps it forces (`Node.moves`)."""
+    def fill(self, ctx: Context, done: int, lay: Interned, node: Node) -> None:
+        """The moves from `node` (that of `(ctx, done, lay)`) that do not depend on the sum
+        frames around it, each with the steps it forces (`Node.moves`)."""
         here, moves, sums = node.here, [], []
-        place = (here.sizes, here.itemsize, self.intern(here.layout))
+        place = (here.sizes, here.itemsize, lay)
         found = []
         for j in ctx.ready(done):
             step = ctx.steps[j]
@@ -734,8 +733,10 @@ class Search:
             found.extend((done | 1 << j,) + move for move in self.step_moves(place, step, here))
         found.extend((done,) + move for move in self.step_moves(place, None, here))
         for ndone, action, nlay, cost, moved, frees in found:
-            sdone, taken = (ndone, ()) if self.exhaustive else self.forced(ctx, ndone, nlay)
-            nnode = self.node(ctx, sdone, nlay)
+            if self.exhaustive:
+                sdone, taken, nnode = ndone, (), self.node(ctx, ndone, nlay)
+            else:
+                sdone, taken, nnode = self.forced(ctx, ndone, nlay)
             moves.append(((action,), sdone, nlay, cost, taken, nnode.bounds, nnode.lines, (None, ctx, sdone, nlay),
                           moved, frees))
         node.moves, node.sums = moves, tuple(sums)
