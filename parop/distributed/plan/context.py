@@ -57,11 +57,14 @@ class Context:
                 if n != m:
                     self.resizes[a] |= 1 << j
             for inner in _line_steps(step):
-                halos = tuple((a, halo_width(inner, a), n) for a, role, n in zip(inner.axes, inner.roles, inner.in_sizes)
-                              if role is Role.HALO and halo_width(inner, a) > 0)
+                widths = ((a, halo_width(inner, a), n)
+                          for a, role, n in zip(inner.axes, inner.roles, inner.in_sizes) if role is Role.HALO)
+                halos = tuple(halo for halo in widths if halo[1] > 0)
                 if halos:
-                    busy = {a for a, role in zip(inner.axes, inner.roles) if role is Role.LOCAL} | {a for a, _, _ in halos}
-                    self.halos.append((j, halos, None if step.terms else tuple(b for b in range(ndim) if b not in busy)))
+                    busy = {a for a, role in zip(inner.axes, inner.roles) if role is Role.LOCAL}
+                    busy |= {a for a, _, _ in halos}
+                    free = None if step.terms else tuple(b for b in range(ndim) if b not in busy)
+                    self.halos.append((j, halos, free))
         self.shrinks = [_shrink(step) for step in self.steps]
         self.factors = [step.bytes_factor for step in self.steps]
         # the steps the search may run as soon as they are ready and need no collective (`Search.forced`):

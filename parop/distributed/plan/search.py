@@ -514,7 +514,7 @@ class Search:
             elif key in routes:
                 first, step, route = routes[key]
                 route = mapped_route(route, dict(zip(map(id, first.all_steps()), prog.all_steps())),
-                                     {name: name for name, _ in self.mesh}, tuple(range(len(layouts[i].value))))
+                                     *self.identity(len(layouts[i].value)))
             else:
                 ends = goal if i == n - 1 else Goal.layout(layouts[i + 1].value)
                 step, route = self._run(self.context(prog, prog.shape, itemsize),
@@ -529,7 +529,7 @@ class Search:
         mapped by the symmetry `names` (`(names, perm)`: from that search's layouts to
         `prog`'s; None: the identity), or None where the route names a weight's split,
         which the tensor axes' move would not take along."""
-        steps, mesh, perm = {}, {name: name for name, _ in self.mesh}, tuple(range(len(out.value)))
+        steps, (mesh, perm) = {}, self.identity(len(out.value))
         if names is not None:
             mesh, perm = names
             steps = image(found.prog, perm)
@@ -540,6 +540,11 @@ class Search:
         route = mapped_route(found.routes[k], {id(s): own[id(steps.get(id(s), s))] for s in found.prog.all_steps()},
                              mesh, perm)
         return None if route is None else (found.found[k][0], route)
+
+    def identity(self, rank: int) -> tuple[dict[str, str], tuple[int, ...]]:
+        """The symmetry that moves nothing, as `mapped_route` takes it: each mesh axis
+        named as it is, each of `rank` tensor axes where it is."""
+        return {name: name for name, _ in self.mesh}, tuple(range(rank))
 
     def leaving(self, ctx: Context, lay: Interned) -> tuple[float, float, float]:
         """`(staying, moved, apart)` for an operator that is one sum and nothing else (a
@@ -1109,8 +1114,7 @@ class Search:
         for j, splits in found:
             if not pending >> j & 1:
                 continue
-            for a, names, touched in splits:
-                smallest = min(self.mesh_sizes[n] for n in names)
+            for a, names, smallest, touched in splits:
                 if a not in before and not touched & pending and layout[a] != names:
                     if adjacent is None:
                         adjacent = {pair for axes in layout for pair in zip(axes, axes[1:])}
@@ -1155,17 +1159,17 @@ class Search:
         return max(0.0, extra - shared * latency)
 
     def pinned_splits(self, ctx: Context) -> tuple:
-        """`(step, ((tensor axis, the mesh axes its pin splits it over, the dense steps on
-        that axis), ...))` of `ctx`'s pointwise steps with a pinned weight, for the tensor
-        axes the pin splits."""
+        """`(step, ((tensor axis, the mesh axes its pin splits it over, their least size,
+        the dense steps on that axis), ...))` of `ctx`'s pointwise steps with a pinned
+        weight, for the tensor axes the pin splits."""
         found = []
         for j, step in enumerate(ctx.steps):
             if step.terms or not step.weighted or step.dense or step.leaf.name not in self.pinned:
                 continue
             first = step.axes[0] if step.axes else 0
-            splits = tuple((first + x, names, ctx.dense_on[first + x])
-                           for x, names in zip(step.leaf.param_axes, self.pinned[step.leaf.name])
-                           if x is not None and names)
+            pins = [(first + x, names) for x, names in zip(step.leaf.param_axes, self.pinned[step.leaf.name])
+                    if x is not None and names]
+            splits = tuple((a, names, min(self.mesh_sizes[n] for n in names), ctx.dense_on[a]) for a, names in pins)
             if splits:
                 found.append((j, splits))
         return tuple(found)
