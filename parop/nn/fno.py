@@ -448,9 +448,9 @@ class DistributedFNO(FNO):
         start, end = ops[-2].in_sharding.spec, ops[-1].out_sharding.spec
         if ops[-2].plan.in_layout == ops[-1].plan.out_layout:
             return None
-        identity = kron(*(Identity(n) for n in ops[-1].range_shape))  # start and end: this batch size's plans
-        return self._for_batch(batch, "projection_move", lambda: distribute(
-            identity, start, mesh=self.mesh, out_partition=end, cost=ops[0].cost))
+        return self._for_batch(batch, "projection_move", lambda: distribute(  # start, end: this batch size's plans
+            kron(*(Identity(n) for n in ops[-1].range_shape)), start, mesh=self.mesh, out_partition=end,
+            cost=ops[0].cost))
 
     def param_shardings(self) -> dict[str, NamedSharding]:
         """Where each parameter lives: where the plan of the reference batch size places
