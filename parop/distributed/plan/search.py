@@ -200,6 +200,7 @@ class Search:
         self._lines: dict = {}
         self._frame_bounds: dict = {}
         self._term_bounds: dict = {}
+        self._departing: dict = {}
         self._term_search: Search | None = None  # one for every term's bound: they share its tables
         self._entry_bounds: dict = {}
         self._later: dict = {}
@@ -207,6 +208,7 @@ class Search:
         self._exits: dict = {}
         self._rests: dict = {}
         self._canonical: dict = {}
+        self._pinning: dict = {}
         self._pins: dict = {}
         self._pinned_splits: dict = {}
         self._renamed: dict = {}  # renamed pins -> the search with them: the symmetry's searches
@@ -329,13 +331,17 @@ class Search:
             if that is less than known (the callers in the loop below check first);
             `bounds` or `lines`: its node's memos (`Node`), if at hand. Inside a sum whose
             later terms' own searches have not run yet, it is pushed with their `line`s
-            alone (`loose`), and again with the whole bound when popped."""
+            alone, and in a sum's first term without the bound on where the sum ends
+            (`bound`'s `fork`); such a state (`loose`) is pushed again with the whole bound
+            when popped, if that is more."""
             best[nxt] = total
             back[nxt] = ((state, edge), taken)
             loose = False
             if bounds is None:
-                loose = nxt[0] is not None and (nxt[0], goal, False) not in self._frame_bounds
-                bound = self.bound(nxt, goal, lines, loose)
+                fr = nxt[0]
+                loose = fr is not None and (fr, goal, False) not in self._frame_bounds
+                bound = self.bound(nxt, goal, lines, loose, fork=False)
+                loose = loose or (fr is not None and fr.value[-1][3] == 0)
             else:
                 bound = bounds.get(goal)
                 if bound is None:
@@ -566,24 +572,34 @@ class Search:
         costs less), `line` for the others."""
         terms = [self.context(t, ctx.sizes(0), ctx.itemsize(0)) for t in ctx.steps[0].terms]
         searched = min(terms, key=lambda t: len(t.steps))
-        if self._term_search is None:
-            self._term_search = self.sub(self.pinned)
-        apart = sum(self.line(t, 0, lay, None) for t in terms if t is not searched)
-        least = math.inf
-        try:
-            ends = self._term_search.explore(searched, [lay.value], Goal.any(), before=True, padded=True)
-            for count, (cost, state, _, heap) in enumerate(ends):
-                if state is not None and state[3] is not lay:
-                    least = cost[0]
-                    break
-                if count == LEAVING_STATES:
-                    least = heap[0][0][0] if heap else math.inf
-                    break
-        except PlanningError:
-            least = 0.0
-        apart += max(least, self.line(searched, 0, lay, None))
+        apart = sum(self.departing(t, lay) if t is searched else self.line(t, 0, lay, None) for t in terms)
         staying = sum(self.line(t, 0, lay, self.exit_goal(lay)) for t in terms)
         return staying, self.least_move(ctx, ctx.full, lay), min(apart, self.least_move(ctx, 0, lay))
+
+    def departing(self, term: Context, lay: Interned) -> float:
+        """A lower bound on a sum's term from the sum's entry layout `lay` to an end in
+        another layout (moves after its steps included, padded ends allowed): its `line`,
+        or a search of its own, stopped after `LEAVING_STATES` states at the least key
+        still open (no end not popped costs less) (memoised)."""
+        key = (term, lay)
+        found = self._departing.get(key)
+        if found is None:
+            if self._term_search is None:
+                self._term_search = self.sub(self.pinned)
+            least = math.inf
+            try:
+                ends = self._term_search.explore(term, [lay.value], Goal.any(), before=True, padded=True)
+                for count, (cost, state, _, heap) in enumerate(ends):
+                    if state is not None and state[3] is not lay:
+                        least = cost[0]
+                        break
+                    if count == LEAVING_STATES:
+                        least = heap[0][0][0] if heap else math.inf
+                        break
+            except PlanningError:
+                least = 0.0
+            found = self._departing[key] = max(least, self.line(term, 0, lay, None))
+        return found
 
     def least_move(self, ctx: Context, done: int, lay: Interned) -> float:
         """The least price of a move (an `AllToAll` or a `Split`) from `(done, lay)`."""
@@ -618,25 +634,38 @@ class Search:
         key = (lay, pins, autos)
         found = self._canonical.get(key)
         if found is None:
+            moved, symmetries = self.pinning(pins, autos, len(lay.value))
+            best = None
+            for names, perm, back in symmetries:
+                value = move(lay.value, names, perm)
+                if best is None or value < best[0]:
+                    best = (value, back)
+            found = self._canonical[key] = (self.intern(best[0]), best[1], moved)
+        return found
+
+    def pinning(self, pins: tuple, autos: tuple, rank: int) -> tuple[tuple, list]:
+        """`(g(pins), [(names, perm, g⁻¹), ...])`: the least image of `pins` under the
+        symmetries of `canonical` (on tensors of `rank` axes) and the symmetries `g` that
+        give it, in `canonical`'s order (memoised)."""
+        key = (pins, autos, rank)
+        found = self._pinning.get(key)
+        if found is None:
             groups = {}
             for name, size in self.mesh:
                 groups.setdefault(size, []).append(name)
-            identity = tuple(range(len(lay.value)))
-            best = None
+            least, symmetries = None, []
             for orders in itertools.product(*(itertools.permutations(g) for g in groups.values())):
                 names = {a: b for g, order in zip(groups.values(), orders) for a, b in zip(g, order)}
-                for perm, weights in autos or ((identity, ()),):
+                for perm, weights in autos or ((tuple(range(rank)), ()),):
                     goes = dict(weights)
                     moved = tuple((w, move(spec, names, goes[w]) if w in goes else rename(spec, names))
                                   for w, spec in pins)
-                    if best is not None and moved > best[0][0]:
-                        continue
-                    candidate = (moved, move(lay.value, names, perm))
-                    if best is None or candidate < best[0]:
+                    if least is None or moved < least:
+                        least, symmetries = moved, []
+                    if moved == least:
                         back = tuple(sorted(range(len(perm)), key=perm.__getitem__))
-                        best = (candidate, ({b: a for a, b in names.items()}, back))
-            (moved, value), back = best
-            found = self._canonical[key] = (self.intern(value), back, moved)
+                        symmetries.append((names, perm, ({b: a for a, b in names.items()}, back)))
+            found = self._pinning[key] = (least, symmetries)
         return found
 
     def rest(self, root: Context, i: int, lay: Interned, goal: Goal) -> float:
@@ -782,12 +811,18 @@ class Search:
             self._exit_goals[lay] = Goal.layout(lay.value)
         return self._exit_goals[lay]
 
-    def bound(self, state, goal: Goal, lines: dict | None = None, loose: bool = False) -> float:
+    def bound(self, state, goal: Goal, lines: dict | None = None, loose: bool = False, fork: bool = True) -> float:
         """A lower bound on the cost from `state` to the end (0 for the oracle). See
         `chain_line`; a sum's later terms add their own, from the sum's entry layout
         (`term_bound`; `loose`: their `line`s alone, no search); inside a term, the rest
         of the program around the sum adds its own from the exit layout once that is
-        known. `lines`: the `line`s of the state's node, if at hand."""
+        known. `lines`: the `line`s of the state's node, if at hand.
+
+        In a sum's first term (the exit not known yet), `fork` adds the lesser of two
+        cases, each a lower bound: the sum ends where it started (the term's arrivals
+        back to its entry layout, `arriving`, and each later term's bound back to it), or
+        elsewhere (the term's `line`, and each later term's cost of leaving the entry
+        layout, `departing`); the larger of this and the bound above is returned."""
         if self.exhaustive:
             return 0.0
         fr, ctx, done, lay = state
@@ -807,17 +842,31 @@ class Search:
             # in use now, not cached with the frame; the sum may still psum)
             later = (parent, after & ~(1 << j)) if top and k == 0 else None
             last = top and after == parent.full  # the sum ends the program: its exit is the output
-            found = self._frame_bounds[fr, goal, loose] = (rest, later, ends if k > 0 else None, k == 0 and last)
-        rest, later, ends, last = found
+            forked = None
+            if k == 0 and not loose and terms and (not last or goal is Goal.any()):
+                back = self.exit_goal(entry)
+                forked = (back, sum(max(self.line(term, 0, entry, back), self.term_bound(term, entry, None))
+                                    for term in terms),
+                          sum(self.departing(term, entry) for term in terms))
+            found = self._frame_bounds[fr, goal, loose] = (rest, later, ends if k > 0 else None, k == 0 and last,
+                                                           forked)
+        rest, later, ends, last, forked = found
         if later is not None:
-            rest += self.later(later[0], later[1], lay, goal)
+            later = self.later(later[0], later[1], lay, goal)
+            rest += later
         ends = goal if last else ends
         if lines is None:
-            return self.line(ctx, done, lay, ends) + rest
-        found = lines.get(ends)
-        if found is None:
-            found = lines[ends] = self.line(ctx, done, lay, ends)
-        return found + rest
+            here = self.line(ctx, done, lay, ends)
+        else:
+            here = lines.get(ends)
+            if here is None:
+                here = lines[ends] = self.line(ctx, done, lay, ends)
+        if fork and forked is not None:
+            # the sum ends where it started, or every later term leaves that layout
+            back, staying, leaving = forked
+            stay = max(here, self.arriving(ctx, done, lay, back))
+            return max(here + rest, min(stay + staying, here + leaving) + (later or 0.0))
+        return here + rest
 
     def term_bound(self, term: Context, entry: Interned, ends: Goal | None) -> float:
         """A lower bound on a sum's term from the sum's entry layout to its exit (`ends`;
@@ -993,6 +1042,58 @@ class Search:
         self._lines[key] = total
         return total
 
+    def arriving(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
+        """A lower bound on the cost from `(done, lay)` to the layout `goal` wants, by its
+        arrivals alone (see `line`): a tensor axis that must end with mesh axes it does
+        not safely hold needs a collective with it as target (or a split)."""
+        here, layout, pending = self.node(ctx, done, lay).here, lay.value, ~done
+        arrivals, whole = [], set()
+        for b, want in enumerate(goal.prefixes):
+            if want:
+                axes = layout[b]
+                if axes and (here.sizes[b] % here.splits[b] or ctx.needs[b] & pending):
+                    whole.add(b)
+                    arrivals.append(b)
+                elif axes[:len(want)] != want:
+                    arrivals.append(b)
+        if not arrivals:
+            return 0.0
+        return self.arrivals_price(ctx, done, layout, goal, -1, arrivals, whole, set(), bool(ctx.psum_steps & pending),
+                                   False)
+
+    def arrivals_price(self, ctx: Context, done: int, layout: Layout, goal: Goal, scope: int, arrivals: list,
+                 whole: set, freed: set, psums: bool, summing: bool) -> float:
+        """`line`'s price of the `arrivals` (tensor axes that need a collective with them as
+        target, or a split): one latency for a split of mesh axes free now or `freed` by a
+        pending `psum`; for the others, the least bytes each can move then, forward and
+        backward when training, or, if a `psum` is pending (`psums`), each summed away and
+        split back (that `psum` counted already where `summing`)."""
+        mesh, pending = self.mesh_sizes, ~done & scope
+        ways = 2 if self.cost.training else 1
+        latency = self.cost.latency_bytes
+        split = latency if self.cost.training else 0.0
+        used = {n for axes in layout for n in axes}
+        total, moved = 0.0, []
+        for b in arrivals:
+            want = [m for m in goal.prefixes[b] if b in whole or m not in layout[b]]
+            if all(m not in used or m in freed for m in want):
+                total += split
+            else:
+                moved.append(b)
+        if moved:
+            smallest = min(mesh[n] for b in moved for n in goal.prefixes[b])
+            carried = (smallest - 1) / smallest / self.devices
+            needy = tuple(b for b in moved if ctx.needs[b] & pending)
+            sizes = ctx.arrival_bytes(done, needy, scope) if needy else []
+            sizes = sizes + [ctx.least_bytes(done)] * (len(moved) - len(needy))
+            costs = [ways * (latency + size * carried) for size in sizes]
+            if psums:  # or summed away by a psum, then split back: one psum may free them all,
+                # and it may be the dense Matrix's collective or a departure's psum counted already
+                total += min(sum(costs), (0.0 if summing else latency) + sum(min(c, split) for c in costs))
+            else:
+                total += sum(costs)
+        return total
+
     def collectives(self, ctx: Context, done: int, layout: Layout, goal: Goal | None, scope: int,
                     departures: set, whole: set) -> float:
         """`line`'s count of the collectives but the halo exchanges, given the tensor
@@ -1047,29 +1148,8 @@ class Search:
                 least = ctx.least_bytes(done)
                 sizes = sizes + [least] * (len(moving) - len(needy))
                 total += sum(ways * (latency + size * carried) for size in sizes)
-            used = {n for axes in layout for n in axes}
             freed = {n for a in departures if ctx.psums[a] & pending for n in layout[a]}
-            split = latency if self.cost.training else 0.0
-            moved = []
-            for b in arrivals:
-                want = [m for m in goal.prefixes[b] if b in whole or m not in layout[b]]
-                if all(m not in used or m in freed for m in want):
-                    total += split
-                else:
-                    moved.append(b)
-            if moved:
-                smallest = min(mesh[n] for b in moved for n in goal.prefixes[b])
-                carried = (smallest - 1) / smallest / self.devices
-                needy = tuple(b for b in moved if ctx.needs[b] & pending)
-                sizes = ctx.arrival_bytes(done, needy, scope) if needy else []
-                sizes = sizes + [ctx.least_bytes(done)] * (len(moved) - len(needy))
-                costs = [ways * (latency + size * carried) for size in sizes]
-                if psums:  # or summed away by a psum, then split back: one psum may free them all,
-                    # and it may be the dense Matrix's collective or a departure's psum counted above
-                    shared = 0.0 if dense or summed else latency
-                    total += min(sum(costs), shared + sum(min(c, split) for c in costs))
-                else:
-                    total += sum(costs)
+            total += self.arrivals_price(ctx, done, layout, goal, scope, arrivals, whole, freed, psums, dense or summed)
         if goal is None or goal.prefixes is None:
             total += self.pins_share(ctx, done, layout, pending, departures, shared)
         return total
