@@ -66,6 +66,7 @@ class Context:
                     free = None if step.terms else tuple(b for b in range(ndim) if b not in busy)
                     self.halos.append((j, halos, free))
         self.shrinks = [_shrink(step) for step in self.steps]
+        self.growths = [_growth(step) for step in self.steps]
         self.factors = [step.bytes_factor for step in self.steps]
         # the steps the search may run as soon as they are ready and need no collective (`Search.forced`):
         # no sum, no weight, not growing the tensor, and every split that may pad one of its axes before
@@ -123,6 +124,15 @@ class Context:
         key = ("least", done)
         if key not in self._bytes:
             factor = math.prod(f for j, f in enumerate(self.shrinks) if not done >> j & 1)
+            self._bytes[key] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
+        return self._bytes[key]
+
+    def most_bytes(self, done: int) -> float:
+        """An upper bound on the global bytes of the tensor in any later state: every
+        pending step with its greatest factor."""
+        key = ("most", done)
+        if key not in self._bytes:
+            factor = math.prod(f for j, f in enumerate(self.growths) if not done >> j & 1)
             self._bytes[key] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
         return self._bytes[key]
 
@@ -270,6 +280,14 @@ def _fits(sizes: tuple[int, ...], room: list[int]) -> bool:
             if found:
                 return True
     return False
+
+
+def _growth(step) -> float:
+    """The greatest factor a step (for a sum: any of its terms, at any point within it)
+    multiplies the tensor's bytes by."""
+    if step.terms:
+        return max(math.prod(_growth(s) for s in term.steps) for term in step.terms)
+    return max(1.0, step.bytes_factor)
 
 
 def _shrink(step) -> float:

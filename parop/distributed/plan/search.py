@@ -864,7 +864,7 @@ class Search:
         if fork and forked is not None:
             # the sum ends where it started, or every later term leaves that layout
             back, staying, leaving = forked
-            stay = max(here, self.arriving(ctx, done, lay, back))
+            stay = max(here, self.arriving(ctx, done, lay, back, here))
             return max(here + rest, min(stay + staying, here + leaving) + (later or 0.0))
         return here + rest
 
@@ -1042,10 +1042,12 @@ class Search:
         self._lines[key] = total
         return total
 
-    def arriving(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
+    def arriving(self, ctx: Context, done: int, lay: Interned, goal: Goal, floor: float = 0.0) -> float:
         """A lower bound on the cost from `(done, lay)` to the layout `goal` wants, by its
         arrivals alone (see `line`): a tensor axis that must end with mesh axes it does
-        not safely hold needs a collective with it as target (or a split)."""
+        not safely hold needs a collective with it as target (or a split). 0 where it
+        cannot exceed `floor` (each arrival costs at most a collective's latency and the
+        most bytes the tensor can have then, over the devices, forward and backward)."""
         here, layout, pending = self.node(ctx, done, lay).here, lay.value, ~done
         arrivals, whole = [], set()
         for b, want in enumerate(goal.prefixes):
@@ -1056,7 +1058,8 @@ class Search:
                     arrivals.append(b)
                 elif axes[:len(want)] != want:
                     arrivals.append(b)
-        if not arrivals:
+        ways = 2 if self.cost.training else 1
+        if len(arrivals) * ways * (self.cost.latency_bytes + ctx.most_bytes(done) / self.devices) <= floor:
             return 0.0
         return self.arrivals_price(ctx, done, layout, goal, -1, arrivals, whole, set(), bool(ctx.psum_steps & pending),
                                    False)
