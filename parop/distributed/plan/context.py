@@ -213,7 +213,7 @@ class Context:
             self._bytes[key] = _fits(used, room)
         return self._bytes[key]
 
-    def forced(self, done: int, j: int, used: tuple[int, ...]) -> tuple[int, ...]:
+    def must_hold(self, done: int, j: int, used: tuple[int, ...]) -> tuple[int, ...]:
         """The tensor axes that must hold one of mesh axes of sizes `used` when step `j`
         runs (after `done`), where each holds none that `j` needs whole and each other
         one a split into fewer than twice its size then: its size as `j` takes it, or
@@ -235,7 +235,7 @@ class Context:
         return self._bytes[key]
 
     def crowded(self, used: tuple[int, ...]) -> tuple[int, ...]:
-        """The steps at which `forced` may find an axis for mesh axes of sizes `used`:
+        """The steps at which `must_hold` may find an axis for mesh axes of sizes `used`:
         those where one would be forced even with every axis at its largest size in the
         program (memoised)."""
         key = ("crowded", used)

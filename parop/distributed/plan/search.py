@@ -959,7 +959,7 @@ class Search:
         the tensor axes it needs whole hold none, and each other one holds a split into
         fewer than twice its size there: a tensor axis without which the others
         cannot hold the mesh axes in use is *forced* to hold one at `j`
-        (`Context.forced`). So:
+        (`Context.must_hold`). So:
 
         - *after `j`*: each forced axis that a later step needs whole loses its mesh
           axes between `j` and that step, a move with it as source;
@@ -974,8 +974,9 @@ class Search:
         least (`line`'s price of a departure). The bound is the largest over the
         pending steps."""
         parks = self._parks.get(ctx)
-        if parks is None:  # (no step is crowded even with every mesh axis in use: none)
-            parks = self._parks[ctx] = not (ctx.psum_steps | ctx.dense | ctx.sums) and bool(ctx.crowded(self.mesh_used))
+        if parks is None:  # none where no step is crowded even with every mesh axis in use
+            parks = not (ctx.psum_steps | ctx.dense | ctx.sums) and bool(ctx.crowded(self.mesh_used))
+            self._parks[ctx] = parks
         if not parks:
             return 0.0
         key = (ctx, done, lay)
@@ -991,7 +992,7 @@ class Search:
             free = any(size > 1 and name not in in_use for name, size in self.mesh)
             for j in ctx.crowded(used):
                 if pending >> j & 1:
-                    forced = ctx.forced(done, j, used)
+                    forced = ctx.must_hold(done, j, used)
                     if forced:
                         before = ctx.ancestors[j] & pending
                         after = sum(1 for b in forced if ctx.needs[b] & pending & ctx.descendants[j])
