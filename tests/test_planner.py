@@ -972,6 +972,27 @@ def test_an_fno_symmetric_in_two_grid_axes_costs_what_the_exhaustive_search_find
         assert same_cost(chain_cost(Ds), exact[:3]), (batch, chain_cost(Ds), exact)
 
 
+@pytest.mark.parametrize("grid, width, layout, training", [
+    ((16, 16), 4, ((), (), ("a",), ("b",)), True),
+    ((16, 16), 4, ((), ("a",), ("b",), ()), True),
+    ((16, 16), 4, ((), (), ("a", "b"), ()), False),
+    ((8, 8), 4, ((), ("a",), (), ("b",)), False),
+])
+def test_an_fno_layer_whose_modes_the_mesh_crowds_costs_what_the_exhaustive_search_finds(grid, width, layout,
+                                                                                          training):
+    """An FNO layer on two mesh axes of 4 with 4 modes per grid axis: when its spectral
+    weight runs (the channel axis whole), each mode axis must hold a mesh axis, which it
+    gets before and gives up after for the inverse DFTs (the bound's `parking`). The
+    fast search's plan costs what the exhaustive search finds."""
+    op = (spectral_convolution(1, width, grid, (4, 4), F64, "spectral")
+          + channel_mixing(1, width, width, grid, F64, "skip"))
+    mesh, cost = {"a": 4, "b": 4}, CostModel(training=training)
+    goal = default_goal(layout, op.range_shape, mesh)
+    exact, _ = searched(program(op, op.domain_shape), mesh, layout, cost, "auto", goal, exhaustive=True)
+    fast, _ = searched(program(op, op.domain_shape), mesh, layout, cost, "auto", goal, exhaustive=False)
+    assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
+
+
 @pytest.mark.long
 def test_an_fno_with_a_local_kernel_plans():
     """Issue 20's case that gave up after 200,000 states: a 3-D FNO with a local

@@ -45,8 +45,12 @@ tests compare their costs on hundreds of random operators and partitions), with:
    `Matrix` could `psum` it away. A stencil's `HALO` axis split now costs a halo
    exchange unless it loses every mesh axis first (the cheaper of the two), and one
    exchange at least where the axes the stencil leaves free cannot hold the mesh axes
-   in use. Later terms of a sum add their own needs from the sum's entry layout. A* with an admissible bound, reopening states when a cheaper
-   route reaches them, returns a cheapest route.
+   in use. In a sum's term, when a step runs with axes it needs whole, an axis without
+   which the others cannot hold the mesh axes in use must hold one: it gets one before
+   that step and loses it after, where other steps need it whole (`Search.parking`).
+   Later terms of a sum add their own needs from the sum's entry layout. A* with an
+   admissible bound, reopening states when a cheaper route reaches them, returns a
+   cheapest route.
 2. *Forced steps.* A step without a weight and with no other form, that runs where
    the tensor is with no collective, does not grow the tensor, and does not change
    which splits may pad its axes, is run at once. Running it later instead cannot be

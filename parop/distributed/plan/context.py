@@ -92,6 +92,7 @@ class Context:
                 mask = 0
         self.segments.append(mask)
         self._segment: dict[int, int] = {}
+        self.sums = sum(1 << j for j, step in enumerate(self.steps) if step.terms)
         self.psum_steps = 0  # the steps that can sum a split away (main line)
         for a in range(ndim):
             self.psum_steps |= self.psums[a]
@@ -210,6 +211,46 @@ class Context:
         key = ("holds", used, tuple(room))
         if key not in self._bytes:
             self._bytes[key] = _fits(used, room)
+        return self._bytes[key]
+
+    def must_hold(self, done: int, j: int, used: tuple[int, ...]) -> tuple[int, ...]:
+        """The tensor axes that must hold one of mesh axes of sizes `used` when step `j`
+        runs (after `done`), where each holds none that `j` needs whole and each other
+        one a split into fewer than twice its size then: its size as `j` takes it, or
+        its size now where no pending step before `j` may resize it (otherwise it may
+        hold any, and none is forced)."""
+        step, sizes, pending = self.steps[j], self.sizes(done), ~done
+        room: list = []
+        for b, n in enumerate(sizes):
+            if self.needs[b] >> j & 1:
+                continue
+            if b in step.axes:
+                n = step.in_sizes[step.axes.index(b)]
+            elif self.resizes[b] & pending & ~self.descendants[j] & ~(1 << j):
+                return ()
+            room.append((b, 2 * n))
+        key = ("forced", used, tuple(room))
+        if key not in self._bytes:
+            self._bytes[key] = tuple(b for b, _ in room if not _fits(used, [r for c, r in room if c != b]))
+        return self._bytes[key]
+
+    def crowded(self, used: tuple[int, ...]) -> tuple[int, ...]:
+        """The steps at which `must_hold` may find an axis for mesh axes of sizes `used`:
+        those where one would be forced even with every axis at its largest size in the
+        program (memoised)."""
+        key = ("crowded", used)
+        if key not in self._bytes:
+            largest = list(self.shape)
+            for step in self.steps:
+                for a, n, m in zip(step.axes, step.in_sizes, step.out_sizes):
+                    largest[a] = max(largest[a], n, m)
+            found = []
+            for j, step in enumerate(self.steps):
+                room = [(b, 2 * (step.in_sizes[step.axes.index(b)] if b in step.axes else n))
+                        for b, n in enumerate(largest) if not self.needs[b] >> j & 1]
+                if any(not _fits(used, [r for c, r in room if c != b]) for b, _ in room):
+                    found.append(j)
+            self._bytes[key] = tuple(found)
         return self._bytes[key]
 
     def meets(self, done: int, a: int, b: int) -> bool:

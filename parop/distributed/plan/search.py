@@ -185,6 +185,7 @@ class Search:
         self.mesh = tuple(mesh_shape.items())
         self.mesh_sizes = dict(mesh_shape)
         self.devices = math.prod(self.mesh_sizes.values())
+        self.mesh_used = tuple(sorted((size for size in self.mesh_sizes.values() if size > 1), reverse=True))
         self.cost, self.shard_weights = cost, shard_weights
         self.exhaustive, self.max_states = exhaustive, max_states
         self._expanded = 0
@@ -198,6 +199,8 @@ class Search:
         self._interned = tables.interned
         self._nodes: dict = {}
         self._lines: dict = {}
+        self._parking: dict = {}
+        self._parks: dict = {}  # context -> whether `parking` may find anything in it
         self._frame_bounds: dict = {}
         self._term_bounds: dict = {}
         self._departing: dict = {}
@@ -861,6 +864,7 @@ class Search:
             here = lines.get(ends)
             if here is None:
                 here = lines[ends] = self.line(ctx, done, lay, ends)
+        here = max(here, self.parking(ctx, done, lay))
         if fork and forked is not None:
             # the sum ends where it started, or every later term leaves that layout
             back, staying, leaving = forked
@@ -943,6 +947,66 @@ class Search:
                     self._entry_bounds[alike] = math.inf
             self._entry_bounds[key] = self._entry_bounds[alike]
         return self._entry_bounds[key]
+
+    def parking(self, ctx: Context, done: int, lay: Interned) -> float:
+        """A lower bound on the collectives still to come on one line of data (a term of
+        a sum), from where its mesh axes must be parked (memoised; 0 unless no step can
+        sum a split away or gather one, and none is a sum).
+
+        Every mesh axis in use now stays in use (only a `psum` or a dense `Matrix`'s
+        gather could drop one), and a move (an `all_to_all`) takes mesh axes from one
+        tensor axis (its source) to one other (its target). When a pending step `j` runs,
+        the tensor axes it needs whole hold none, and each other one holds a split into
+        fewer than twice its size there: a tensor axis without which the others
+        cannot hold the mesh axes in use is *forced* to hold one at `j`
+        (`Context.must_hold`). So:
+
+        - *after `j`*: each forced axis that a later step needs whole loses its mesh
+          axes between `j` and that step, a move with it as source;
+        - *before `j`*: each forced axis that holds none now, or that a step before `j`
+          needs whole, gets one between now (or that step) and `j`: a move with it as
+          target (where no mesh axis is free: otherwise a split could do it); and each
+          axis split now that a step before `j` needs whole loses its mesh axes: a move
+          with it as source. One move has one source and one target, so at least as
+          many moves come before `j` as there are such sources, and as such targets.
+
+        The moves before `j` and after it are different moves; each is priced at its
+        least (`line`'s price of a departure). The bound is the largest over the
+        pending steps."""
+        parks = self._parks.get(ctx)
+        if parks is None:  # none where no step is crowded even with every mesh axis in use
+            parks = not (ctx.psum_steps | ctx.dense | ctx.sums) and bool(ctx.crowded(self.mesh_used))
+            self._parks[ctx] = parks
+        if not parks:
+            return 0.0
+        key = (ctx, done, lay)
+        found = self._parking.get(key)
+        if found is not None:
+            return found
+        pending = ~done
+        layout = lay.value
+        in_use = {m for axes in layout for m in axes if self.mesh_sizes[m] > 1}
+        used = tuple(sorted((self.mesh_sizes[m] for m in in_use), reverse=True))
+        most = 0
+        if used:
+            free = any(size > 1 and name not in in_use for name, size in self.mesh)
+            for j in ctx.crowded(used):
+                if pending >> j & 1:
+                    forced = ctx.must_hold(done, j, used)
+                    if forced:
+                        before = ctx.ancestors[j] & pending
+                        after = sum(1 for b in forced if ctx.needs[b] & pending & ctx.descendants[j])
+                        departs = sum(1 for a, axes in enumerate(layout) if axes and ctx.needs[a] & before)
+                        arrives = 0 if free else sum(1 for b in forced if not layout[b] or ctx.needs[b] & before)
+                        most = max(most, after + max(departs, arrives))
+        found = 0.0
+        if most:
+            smallest = min(self.mesh_sizes[m] for m in in_use)
+            ways = 2 if self.cost.training else 1
+            found = most * ways * (self.cost.latency_bytes
+                                   + ctx.least_bytes(done) * (smallest - 1) / smallest / self.devices)
+        self._parking[key] = found
+        return found
 
     def line(self, ctx: Context, done: int, lay: Interned, goal: Goal | None, scope: int = -1) -> float:
         """A lower bound on the collectives still to come on one line of data (a program,
