@@ -1,9 +1,11 @@
 """Case h of `benchmarks/run.py`: how long the planner takes.
 
 Each row plans one operator (or, for an FNO network, its whole chain) from scratch and
-records the mesh, the states the search expanded and the seconds `po.distribute`
-(or `po.distribute_chain`) took. Mesh shapes of 16 devices are planned on a
-`jax.sharding.AbstractMesh` (planning needs only the mesh's shape). Targets: every
+records the mesh, the states the search expanded and the CPU seconds of the process that
+`po.distribute` (or `po.distribute_chain`) took (the planner is single-threaded Python:
+on a quiet machine its wall time, and less disturbed by other load). Mesh shapes of 16
+devices are planned on a `jax.sharding.AbstractMesh` (planning needs only the mesh's
+shape). Targets: every
 single operator under 1 s, the Darcy protocol's FNO network on (2, 1, 2, 2) under 2 s,
 whole FNO chains (issue 20: 1-D to 4-D, with or without `local_kernel`, up to 512
 devices, at the reference batch size and at another one with the weights pinned)
@@ -51,11 +53,13 @@ def planning_rows(quick: bool) -> list[dict]:
     rows = []
     for (label, op), partition in cases:
         spec, mesh = _abstract(partition)
-        start = time.perf_counter()
+        start = time.process_time()
         D = po.distribute(op, spec, mesh=mesh)
-        seconds = time.perf_counter() - start
+        seconds = time.process_time() - start
         rows.append({"operator": label, "partition": partition, "devices": mesh.size,
                      "states": D.plan.states_expanded, "seconds": seconds, "limit": 1.0})
+    dfno = FNO((512, 512, 256, 32), width=20, modes=(32, 32, 16, 8), layers=4)  # dfno's chain
+    lk4 = FNO((8, 8, 8, 8), width=4, modes=(4, 4, 4, 4), layers=2, local_kernel=3)
     networks = [("2-D FNO network (Darcy protocol): batch 20, 32², width 32, modes 12², 4 layers",
                  FNO((32, 32), width=32, modes=(12, 12), layers=4), 20, (2, 1, 2, 2), 2.0)]
     if not quick:
@@ -73,7 +77,10 @@ def planning_rows(quick: bool) -> list[dict]:
                              1.0))
         networks.append(("3-D FNO chain, local_kernel=3: batch 2, 8³, width 4, modes 4³, 1 layer",
                          FNO((8, 8, 8), width=4, modes=(4, 4, 4), layers=1, local_kernel=3), 2, (1, 1, 2, 2, 2), 1.0))
-        dfno = FNO((512, 512, 256, 32), width=20, modes=(32, 32, 16, 8), layers=4)  # dfno's chain
+        networks.append(("4-D FNO chain, local_kernel=3: batch 1, 8⁴, width 4, modes 4⁴, 2 layers",
+                         lk4, 1, (1, 1, 2, 2, 2, 1), 1.0))
+        networks.append(("3-D FNO chain: batch 1, 64³, width 8, modes 8³, 4 layers",
+                         FNO((64, 64, 64), width=8, modes=(8, 8, 8), layers=4), 1, (1, 1, 8, 8, 8), 1.0))
         for partition in [(1, 1, 4, 4, 4, 1), (1, 1, 8, 8, 4, 1), (1, 1, 8, 8, 8, 1)]:
             networks.append(("4-D FNO chain (dfno's): batch 1, 512²×256×32, width 20, modes (32, 32, 16, 8), 4 layers",
                              dfno, 1, partition, 1.0))
@@ -90,18 +97,25 @@ def planning_rows(quick: bool) -> list[dict]:
          FNO((32, 32), width=8, modes=(8, 8), layers=8), (2, 4), (2, 1, 2, 2), 1.0),
         ("4-D FNO chain (dfno's) at batch 2, weights pinned by batch 1", dfno, (1, 2), (1, 1, 4, 4, 4, 1), 1.0),
         ("4-D FNO chain (dfno's) at batch 4, weights pinned by batch 1", dfno, (1, 4), (1, 1, 4, 4, 4, 1), 1.0),
+        ("4-D FNO chain (dfno's) at batch 3, weights pinned by batch 1", dfno, (1, 3), (1, 1, 4, 4, 4, 1), 1.0),
         ("3-D FNO chain, local_kernel=3, at batch 4, weights pinned by batch 1: 8³, width 4, modes 4³, 1 layer",
-         FNO((8, 8, 8), width=4, modes=(4, 4, 4), layers=1, local_kernel=3), (1, 4), (1, 1, 2, 2, 2), 1.0)]
+         FNO((8, 8, 8), width=4, modes=(4, 4, 4), layers=1, local_kernel=3), (1, 4), (1, 1, 2, 2, 2), 1.0),
+        ("3-D FNO chain, local_kernel=3, at batch 8, weights pinned by batch 1: 8³, width 4, modes 4³, 1 layer",
+         FNO((8, 8, 8), width=4, modes=(4, 4, 4), layers=1, local_kernel=3), (1, 8), (1, 1, 2, 2, 2), 1.0),
+        ("3-D FNO chain, local_kernel=3, at batch 4, weights pinned by batch 1: 16³, width 8, modes 4³, 8 layers",
+         FNO((16, 16, 16), width=8, modes=(4, 4, 4), layers=8, local_kernel=3), (1, 4), (1, 1, 2, 2, 2), 1.0),
+        ("4-D FNO chain, local_kernel=3, at batch 2, weights pinned by batch 1: 8⁴, width 4, modes 4⁴, 2 layers",
+         lk4, (1, 2), (1, 1, 2, 2, 2, 1), 1.0)]
     for label, model, batch, partition, limit in networks + again:
         spec, mesh = _abstract(partition)
         reference, batch = batch if isinstance(batch, tuple) else (None, batch)
         dist = None if reference is None else model.distribute(spec, mesh=mesh, batch=reference)
-        start = time.perf_counter()
+        start = time.process_time()
         if dist is None:
             Ds = model.distribute(spec, mesh=mesh, batch=batch).operators(batch)  # batch: the reference, planned once
         else:
             Ds = dist.operators(batch)
-        seconds = time.perf_counter() - start
+        seconds = time.process_time() - start
         rows.append({"operator": label, "partition": partition, "devices": mesh.size,
                      "states": Ds[0].plan.states_expanded, "seconds": seconds, "limit": limit})
     return rows
