@@ -99,6 +99,16 @@ class Context:
         self._itemsize: dict[int, int] = {}
         self._ready: dict[int, tuple[int, ...]] = {}
         self._bytes: dict = {}
+        self._axes: dict[int, tuple[int, int]] = {}
+
+    def axes(self, pending: int) -> tuple[int, int]:
+        """`(needed, summable)`, bit masks of the tensor axes that a step in `pending` (a
+        mask of steps) needs whole, and that one can sum a split of away (memoised)."""
+        found = self._axes.get(pending)
+        if found is None:
+            found = self._axes[pending] = (sum(1 << a for a, steps in enumerate(self.needs) if steps & pending),
+                                           sum(1 << a for a, steps in enumerate(self.psums) if steps & pending))
+        return found
 
     def sizes(self, done: int) -> tuple[int, ...]:
         if done not in self._sizes:
