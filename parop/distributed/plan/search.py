@@ -252,6 +252,7 @@ class Tables:
         self.states: dict = {}  # (sizes, itemsize, layout) -> State
         self.moves: dict = {}  # (sizes, itemsize, layout, step or None, its pinned weight) -> moves
         self.placements: dict = {}  # (layout, goal) -> Placement; layout -> Spread; goal -> Wish
+        self.prices: dict = {}  # (context, done, scope, tensor axes, ...) -> `Search.moves_price`
 
 
 class Search:
@@ -471,18 +472,20 @@ class Search:
                     continue  # the same mesh axes again at once: one move from before does it
                 if held and frees:
                     continue  # the earlier operator's move (to a padded layout, no barrier could run between)
-                total = (c0 + delta[0], c1 + delta[1], c2 + delta[2], c3 + delta[3])
                 if fr is None:
-                    if total < least(top, INFINITE):
-                        reach(state, edge, top, taken, total, nbounds, None)
+                    nxt, lines = top, None
                 elif hands and ndone == ctx.full and nlay is frame[5]:
                     nxt, more = self.settle((fr, ctx, ndone, nlay))
-                    if total < least(nxt, INFINITE):
-                        reach(state, edge, nxt, taken + more, total, None, None)
+                    taken, nbounds, lines = taken + more, None, None
                 else:
-                    nxt = (fr, ctx, ndone, nlay)
-                    if total < least(nxt, INFINITE):
-                        reach(state, edge, nxt, taken, total, None, nlines)
+                    nxt, nbounds, lines = (fr, ctx, ndone, nlay), None, nlines
+                known = least(nxt, INFINITE)
+                time = c0 + delta[0]
+                if time > known[0]:
+                    continue  # no cheaper than known (most moves stop here, their cost's time is enough)
+                total = (time, c1 + delta[1], c2 + delta[2], c3 + delta[3])
+                if total < known:
+                    reach(state, edge, nxt, taken, total, nbounds, lines)
             yield None, None, back, heap
 
     # -- chains ------------------------------------------------------------------------------
@@ -1171,31 +1174,25 @@ class Search:
         the others, the least bytes each can move then, forward and backward when
         training, or, if a `psum` is pending (`psums`), each summed away and split back
         (that `psum` counted already where `summing`)."""
-        ways = 2 if self.cost.training else 1
         latency = self.cost.latency_bytes
         split = latency if self.cost.training else 0.0
         used = place.used
         ready = place.ready_whole & whole | place.ready & ~whole
-        total, moved = 0.0, []
+        total, moved = 0.0, 0
         for b in arrivals:
             if ready >> b & 1 or freed and all(m not in used or m in freed for m in place.prefixes[b]
                                                if whole >> b & 1 or m not in place.layout[b]):
                 total += split
             else:
-                moved.append(b)
+                moved |= 1 << b
         if moved:
-            smallest = min(place.least_wanted[b] for b in moved)
-            carried = (smallest - 1) / smallest / self.devices
-            needed = ctx.axes(~done & scope)[0]
-            needy = tuple(b for b in moved if needed >> b & 1)
-            sizes = ctx.arrival_bytes(done, needy, scope) if needy else []
-            sizes = sizes + [ctx.least_bytes(done)] * (len(moved) - len(needy))
-            costs = [ways * (latency + size * carried) for size in sizes]
+            smallest = min([place.least_wanted[b] for b in _bits(moved)])
+            costs, splits = self.moves_price(ctx, done, scope, moved, smallest, True)
             if psums:  # or summed away by a psum, then split back: one psum may free them all,
                 # and it may be the dense Matrix's collective or a departure's psum counted already
-                total += min(sum(costs), (0.0 if summing else latency) + sum(min(c, split) for c in costs))
+                total += min(costs, (0.0 if summing else latency) + splits)
             else:
-                total += sum(costs)
+                total += costs
         return total
 
     def collectives(self, ctx: Context, done: int, place: Placement, scope: int, departures: int,
@@ -1212,10 +1209,14 @@ class Search:
             if arrivals and departures:
                 # a departure may carry one of its mesh axes to the arrival axis wanting it, if it can
                 # come before the first step needing its source whole and after the last needing b
-                carries = {b: [a for a in _bits(departures & place.sources[b] & ~(1 << b)) if ctx.meets(done, a, b)]
-                           for b in arrivals}
-                carried = _matching(carries)
-                arrivals = [b for b in arrivals if b not in carried]
+                carries = {}
+                for b in arrivals:
+                    sources = departures & place.sources[b] & ~(1 << b)
+                    if sources:
+                        carries[b] = [a for a in _bits(sources) if ctx.meets(done, a, b)]
+                if carries:
+                    carried = _matching(carries)
+                    arrivals = [b for b in arrivals if b not in carried]
         total = 0.0
         dense = False  # whether a dense Matrix's collective (which may be a psum) is counted
         shared = 0  # the collectives counted for a dense Matrix or a pointwise weight (see `pins_share`)
@@ -1229,18 +1230,12 @@ class Search:
                 total += latency
                 shared += 1
         if departures or arrivals:
-            ways = 2 if self.cost.training else 1
             summed = departures & summable
             total += latency * summed.bit_count()  # summed away
-            moving = _bits(departures & ~summable)
+            moving = departures & ~summable
             if moving:
-                smallest = min(place.smallest[a] for a in moving)
-                carried = (smallest - 1) / smallest / self.devices
-                needy = _bits(departures & ~summable & needed)
-                sizes = ctx.departure_bytes(done, needy, scope) if needy else []
-                least = ctx.least_bytes(done)
-                sizes = sizes + [least] * (len(moving) - len(needy))
-                total += sum(ways * (latency + size * carried) for size in sizes)
+                smallest = min([place.smallest[a] for a in _bits(moving)])
+                total += self.moves_price(ctx, done, scope, moving, smallest, False)[0]
             if arrivals:
                 freed = frozenset(n for a in _bits(summed) for n in place.layout[a])
                 total += self.arrivals_price(ctx, done, place, scope, arrivals, whole, freed, bool(summable),
@@ -1248,6 +1243,28 @@ class Search:
         if place.free:
             total += self.pins_share(ctx, done, place, pending, departures, shared)
         return total
+
+    def moves_price(self, ctx: Context, done: int, scope: int, axes: int, smallest: int,
+                    arriving: bool) -> tuple[float, float]:
+        """`line`'s least prices of the `all_to_all`s of mesh axes of least size `smallest`,
+        one departing from (or, `arriving`, one arriving on) each tensor axis in `axes` (a
+        mask), forward and backward when training: each moves at least the bytes the
+        tensor has then (`Context.departure_bytes`, `arrival_bytes`; for an axis no pending
+        step needs whole, `least_bytes`). `(their sum, the sum of each's or a split's
+        price, whichever is less)`, memoised: many states share them."""
+        key = (ctx, done, scope, axes, smallest, arriving)
+        found = self.tables.prices.get(key)
+        if found is None:
+            ways = 2 if self.cost.training else 1
+            latency = self.cost.latency_bytes
+            split = latency if self.cost.training else 0.0
+            carried = (smallest - 1) / smallest / self.devices
+            needy = _bits(axes & ctx.axes(~done & scope)[0])
+            sizes = (ctx.arrival_bytes if arriving else ctx.departure_bytes)(done, needy, scope) if needy else []
+            sizes = sizes + [ctx.least_bytes(done)] * (axes.bit_count() - len(needy))
+            costs = [ways * (latency + size * carried) for size in sizes]
+            found = self.tables.prices[key] = (sum(costs), sum(min(c, split) for c in costs))
+        return found
 
     def parked(self, ctx: Context, pending: int, place: Placement, departures: int) -> bool:
         """`line`'s pointwise weight: whether a pending pointwise step's weight (split with
