@@ -100,42 +100,56 @@ class Context:
         self._itemsize: dict[int, int] = {}
         self._ready: dict[int, tuple[int, ...]] = {}
         self._bytes: dict = {}
+        self._least: dict[int, float] = {}
+        self._most: dict[int, float] = {}
+        self._axes: dict[int, tuple[int, int]] = {}
+
+    def axes(self, pending: int) -> tuple[int, int]:
+        """`(needed, summable)`, bit masks of the tensor axes that a step in `pending` (a
+        mask of steps) needs whole, and that one can sum a split of away (memoised)."""
+        found = self._axes.get(pending)
+        if found is None:
+            found = self._axes[pending] = (sum(1 << a for a, steps in enumerate(self.needs) if steps & pending),
+                                           sum(1 << a for a, steps in enumerate(self.psums) if steps & pending))
+        return found
 
     def sizes(self, done: int) -> tuple[int, ...]:
-        if done not in self._sizes:
+        found = self._sizes.get(done)
+        if found is None:
             sizes = list(self.shape)
             for j, step in enumerate(self.steps):
                 if done >> j & 1:
                     step.resize(sizes)
-            self._sizes[done] = tuple(sizes)
-        return self._sizes[done]
+            found = self._sizes[done] = tuple(sizes)
+        return found
 
     def itemsize(self, done: int) -> int:
-        if done not in self._itemsize:
-            itemsize = self.itemsize0
+        found = self._itemsize.get(done)
+        if found is None:
+            found = self.itemsize0
             for j, step in enumerate(self.steps):
                 if done >> j & 1:
-                    itemsize = step.out_itemsize(itemsize)
-            self._itemsize[done] = itemsize
-        return self._itemsize[done]
+                    found = step.out_itemsize(found)
+            self._itemsize[done] = found
+        return found
 
     def least_bytes(self, done: int) -> float:
         """A lower bound on the global bytes of the tensor in any later state: every
         pending step with its least factor."""
-        key = ("least", done)
-        if key not in self._bytes:
+        found = self._least.get(done)
+        if found is None:
             factor = math.prod(f for j, f in enumerate(self.shrinks) if not done >> j & 1)
-            self._bytes[key] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
-        return self._bytes[key]
+            found = self._least[done] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
+        return found
 
     def most_bytes(self, done: int) -> float:
         """An upper bound on the global bytes of the tensor in any later state: every
         pending step with its greatest factor."""
-        key = ("most", done)
-        if key not in self._bytes:
+        found = self._most.get(done)
+        if found is None:
             factor = math.prod(f for j, f in enumerate(self.growths) if not done >> j & 1)
-            self._bytes[key] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
-        return self._bytes[key]
+            found = self._most[done] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
+        return found
 
     def departure_bytes(self, done: int, axes: tuple[int, ...], scope: int = -1) -> list[float]:
         """Lower bounds on the global bytes the tensor has at the first, second, ...
@@ -284,10 +298,11 @@ class Context:
         return sum(self.segments[:i])
 
     def ready(self, done: int) -> tuple[int, ...]:
-        if done not in self._ready:
-            self._ready[done] = tuple(j for j in range(len(self.steps))
-                                      if not done >> j & 1 and not self.preds[j] & ~done)
-        return self._ready[done]
+        found = self._ready.get(done)
+        if found is None:
+            found = self._ready[done] = tuple(j for j in range(len(self.steps))
+                                              if not done >> j & 1 and not self.preds[j] & ~done)
+        return found
 
 
 def _line_steps(step) -> Iterator[Step]:

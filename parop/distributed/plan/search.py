@@ -16,11 +16,12 @@ Two searches share the moves and the costs:
 
 from __future__ import annotations
 
+import functools
 import gc
 import heapq
 import itertools
 import math
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, NamedTuple
 
 from ..layout import Layout, layouts
 from .actions import AllToAll, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, mapped_route, runs_as_is
@@ -158,6 +159,83 @@ def _structure(prog: Program, itemsize: int, pinned: Mapping) -> tuple:
     return steps(prog), itemsize
 
 
+class Spread(NamedTuple):
+    """What `Search.line` and its helpers read of a layout alone (`Search.placement`)."""
+
+    layout: Layout
+    splits: tuple[int, ...]  # each tensor axis's pieces
+    split: tuple[int, ...]  # the tensor axes split now
+    used: frozenset  # the mesh axes in use
+    used_sizes: tuple[int, ...]  # their sizes but 1, largest first
+    smallest: tuple[int, ...]  # per tensor axis: its least mesh axis size (0: none)
+    adjacent: frozenset  # the pairs of mesh axes one right after the other on a tensor axis
+
+    @staticmethod
+    def of(layout: Layout, mesh: Mapping[str, int]) -> "Spread":
+        used = frozenset(n for axes in layout for n in axes)
+        return Spread(layout, tuple(math.prod(mesh[n] for n in axes) for axes in layout),
+                      tuple(a for a, axes in enumerate(layout) if axes), used,
+                      tuple(sorted((mesh[n] for n in used if mesh[n] > 1), reverse=True)),
+                      tuple(min((mesh[n] for n in axes), default=0) for axes in layout),
+                      frozenset(pair for axes in layout for pair in zip(axes, axes[1:])))
+
+
+class Wish(NamedTuple):
+    """What `Search.line` and its helpers read of a goal (None: none) alone (`Search.placement`)."""
+
+    free: bool  # no layout is wanted
+    prefixes: tuple | None  # the goal's
+    wants: tuple  # (tensor axis, the mesh axes it must start with) where there are some
+    wanted: dict  # mesh axis -> the tensor axis that must start with it
+    wanters: dict  # mesh axis -> the tensor axes that must start with it
+    least_wanted: dict  # tensor axis -> the least size of the mesh axes it must start with
+
+    @staticmethod
+    def of(goal: Goal | None, mesh: Mapping[str, int]) -> "Wish":
+        if goal is None or goal.prefixes is None:
+            return Wish(True, None, (), {}, {}, {})
+        wants = tuple((b, want) for b, want in enumerate(goal.prefixes) if want)
+        wanters: dict = {}
+        for b, want in wants:
+            for m in want:
+                wanters[m] = wanters.get(m, ()) + (b,)
+        return Wish(False, goal.prefixes, wants, {m: b for b, want in enumerate(goal.prefixes) for m in want},
+                    wanters, {b: min(mesh[n] for n in want) for b, want in wants})
+
+
+class Placement:
+    """What `Search.line` and its helpers read of a layout and a goal (None: none),
+    computed once per pair (`Search.placement`): the fields of its `Spread` and its
+    `Wish`, and how the two meet. Sets of tensor axes are bit masks."""
+
+    __slots__ = Spread._fields + Wish._fields + ("conflicts", "astray", "ready", "ready_whole", "sources")
+
+    def __init__(self, spread: Spread, wish: Wish, goal: Goal | None):
+        self.layout, self.splits, self.split, self.used, self.used_sizes, self.smallest, self.adjacent = spread
+        self.free, self.prefixes, self.wants, self.wanted, self.wanters, self.least_wanted = wish
+        layout = self.layout
+        self.conflicts = 0  # the axes split over a mesh axis the goal does not want there
+        self.sources = dict.fromkeys(self.wanted.values(), 0)  # per axis with wants: the axes holding one now
+        held = whole = 0  # the axes that want a mesh axis in use on another axis; on any axis
+        for a in self.split:
+            if goal is not None and goal.conflicts(a, layout[a]):
+                self.conflicts |= 1 << a
+            for m in layout[a]:
+                for b in self.wanters.get(m, ()):
+                    self.sources[b] |= 1 << a
+                    whole |= 1 << b
+                    if a != b:
+                        held |= 1 << b
+        self.astray = 0  # the axes that do not start with the mesh axes the goal wants there
+        wanting = 0
+        for b, want in self.wants:
+            wanting |= 1 << b
+            if layout[b][:len(want)] != want:
+                self.astray |= 1 << b
+        # the axes a split of free mesh axes can give the mesh axes they lack (`ready`) or want (`ready_whole`)
+        self.ready, self.ready_whole = wanting & ~held, wanting & ~whole
+
+
 # (parent context, its done mask with the sum's bit, sum step index, term, entry layout, exit layout or None)
 Frame = tuple
 
@@ -173,6 +251,8 @@ class Tables:
         self.contexts: dict = {}
         self.states: dict = {}  # (sizes, itemsize, layout) -> State
         self.moves: dict = {}  # (sizes, itemsize, layout, step or None, its pinned weight) -> moves
+        self.placements: dict = {}  # (layout, goal) -> Placement; layout -> Spread; goal -> Wish
+        self.prices: dict = {}  # (context, done, scope, tensor axes, ...) -> `Search.moves_price`
 
 
 class Search:
@@ -327,7 +407,8 @@ class Search:
         accepted: dict = {}
 
         least = best.get
-        push = heapq.heappush
+        push, pop = heapq.heappush, heapq.heappop
+        frame_bounds, bound_of = self._frame_bounds, self.bound
 
         def reach(state, edge, nxt, taken, total, bounds, lines):
             """`nxt` by `edge` from `state` (`taken`: the actions forced after it), at `total`,
@@ -342,21 +423,21 @@ class Search:
             loose = False
             if bounds is None:
                 fr = nxt[0]
-                loose = fr is not None and (fr, goal, False) not in self._frame_bounds
-                bound = self.bound(nxt, goal, lines, loose, fork=False)
+                loose = fr is not None and (fr, goal, False) not in frame_bounds
+                bound = bound_of(nxt, goal, lines, loose, fork=False)
                 loose = loose or (fr is not None and fr.value[-1][3] == 0)
             else:
                 bound = bounds.get(goal)
                 if bound is None:
-                    bound = bounds[goal] = self.bound(nxt, goal)
+                    bound = bounds[goal] = bound_of(nxt, goal)
             push(heap, ((total[0] + bound, total[1], total[2], total[3]), next(tie), total, nxt, loose))
 
         while heap:
-            key, _, cost, state, loose = heapq.heappop(heap)
+            key, _, cost, state, loose = pop(heap)
             if best[state] < cost:
                 continue
             if loose:  # its whole bound now: pushed back if that is more
-                exact = (cost[0] + self.bound(state, goal), cost[1], cost[2], cost[3])
+                exact = (cost[0] + bound_of(state, goal), cost[1], cost[2], cost[3])
                 if exact > key:
                     push(heap, (exact, next(tie), cost, state, False))
                     continue
@@ -376,10 +457,11 @@ class Search:
             node = self.node(ctx, done, lay)
             if node.moves is None:
                 self.fill(ctx, done, lay, node)
-            for edge, nxt in self.openings(state, node):
-                nxt, taken = self.settle(nxt)
-                if cost < least(nxt, INFINITE):
-                    reach(state, edge, nxt, taken, cost, None, None)
+            if node.sums or fr is not None:
+                for edge, nxt in self.openings(state, node):
+                    nxt, taken = self.settle(nxt)
+                    if cost < least(nxt, INFINITE):
+                        reach(state, edge, nxt, taken, cost, None, None)
             held = after and fr is None and done == 0
             arrived, forced = back[state]
             last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
@@ -393,18 +475,20 @@ class Search:
                     continue  # the same mesh axes again at once: one move from before does it
                 if held and frees:
                     continue  # the earlier operator's move (to a padded layout, no barrier could run between)
-                total = (c0 + delta[0], c1 + delta[1], c2 + delta[2], c3 + delta[3])
                 if fr is None:
-                    if total < least(top, INFINITE):
-                        reach(state, edge, top, taken, total, nbounds, None)
+                    nxt, lines = top, None
                 elif hands and ndone == ctx.full and nlay is frame[5]:
                     nxt, more = self.settle((fr, ctx, ndone, nlay))
-                    if total < least(nxt, INFINITE):
-                        reach(state, edge, nxt, taken + more, total, None, None)
+                    taken, nbounds, lines = taken + more, None, None
                 else:
-                    nxt = (fr, ctx, ndone, nlay)
-                    if total < least(nxt, INFINITE):
-                        reach(state, edge, nxt, taken, total, None, nlines)
+                    nxt, nbounds, lines = (fr, ctx, ndone, nlay), None, nlines
+                known = least(nxt, INFINITE)
+                time = c0 + delta[0]
+                if time > known[0]:
+                    continue  # no cheaper than known (most moves stop here, their cost's time is enough)
+                total = (time, c1 + delta[1], c2 + delta[2], c3 + delta[3])
+                if total < known:
+                    reach(state, edge, nxt, taken, total, nbounds, lines)
             yield None, None, back, heap
 
     # -- chains ------------------------------------------------------------------------------
@@ -842,8 +926,8 @@ class Search:
             if top and k > 0:  # the program goes on from the known exit
                 rest += self.chain_line(parent, after, exit_, goal)
             # term 0's exit is where the program goes on: the chain's later operators (from the mesh axes
-            # in use now, not cached with the frame; the sum may still psum)
-            later = (parent, after & ~(1 << j)) if top and k == 0 else None
+            # in use now, cached with the frame per layout; the sum may still psum)
+            later = (parent, after & ~(1 << j), {}) if top and k == 0 else None
             last = top and after == parent.full  # the sum ends the program: its exit is the output
             forked = None
             if k == 0 and not loose and terms and (not last or goal is Goal.any()):
@@ -855,7 +939,10 @@ class Search:
                                                            forked)
         rest, later, ends, last, forked = found
         if later is not None:
-            later = self.later(later[0], later[1], lay, goal)
+            parent, before, known = later
+            later = known.get(lay)
+            if later is None:
+                later = known[lay] = self.later(parent, before, lay, goal)
             rest += later
         ends = goal if last else ends
         if lines is None:
@@ -1058,31 +1145,28 @@ class Search:
         cached = self._lines.get(key)
         if cached is not None:
             return cached
-        layout = lay.value
-        sizes = ctx.sizes(done)
-        splits = self.state(sizes, ctx.itemsize(done), lay).splits
+        place = self.placement(lay, goal)
+        layout, sizes, splits = place.layout, ctx.sizes(done), place.splits
         pending = ~done & scope
-        departures, whole = set(), set()  # `whole`: departures that take every mesh axis away
-        for a, axes in enumerate(layout):
-            if axes and (sizes[a] % splits[a] or ctx.needs[a] & pending):
-                whole.add(a)
-            if a in whole or (axes and goal is not None and goal.conflicts(a, axes)):
-                departures.add(a)
+        needed = ctx.axes(pending)[0]
+        whole = 0  # the departures that take every mesh axis away (a bit mask of tensor axes, as below)
+        for a in place.split:
+            if sizes[a] % splits[a] or needed >> a & 1:
+                whole |= 1 << a
+        departures = whole | place.conflicts
         counted = {}  # split HALO axes that lose every mesh axis too -> `collectives` with them
 
-        def collectives(gone: frozenset) -> float:
+        def collectives(gone: int) -> float:
             found = counted.get(gone)
             if found is None:
-                found = counted[gone] = self.collectives(ctx, done, layout, goal, scope, departures | gone,
-                                                         whole | gone)
+                found = counted[gone] = self.collectives(ctx, done, place, scope, departures | gone, whole | gone)
             return found
 
-        total = collectives(frozenset())
+        total = collectives(0)
         if ctx.halos:
             ways = 2 if self.cost.training else 1
             least = ctx.least_bytes(done) / self.devices
-            used = tuple(sorted((self.mesh_sizes[m] for axes in layout for m in axes if self.mesh_sizes[m] > 1),
-                                reverse=True))
+            used = place.used_sizes
             fewest = min(self.mesh_sizes.values())
             kept = not ctx.psum_steps & pending  # no mesh axis in use can go before a stencil
 
@@ -1093,7 +1177,7 @@ class Search:
             for k, (j, halos, free) in enumerate(ctx.halos):
                 if not pending >> j & 1:
                     continue
-                split = {a: exchange(width, n, fewest) for a, width, n in halos if layout[a] and a not in whole}
+                split = {a: exchange(width, n, fewest) for a, width, n in halos if layout[a] and not whole >> a & 1}
                 crowded = used and kept and free is not None and not ctx.holds(done, k, used, scope)
                 anew = min(exchange(width, n, used[-1]) for _, width, n in halos) if crowded else 0.0
                 here = math.inf
@@ -1101,127 +1185,171 @@ class Search:
                     for gone in itertools.combinations(split, r):
                         exchanged = sum(cost for a, cost in split.items() if a not in gone) if r < len(split) else anew
                         if exchanged < here:
-                            here = min(here, exchanged + collectives(frozenset(gone)))
+                            here = min(here, exchanged + collectives(sum(1 << a for a in gone)))
                 total = max(total, here)
         self._lines[key] = total
         return total
+
+    def placement(self, lay: Interned, goal: Goal | None) -> Placement:
+        """What `line` reads of `lay` and `goal` (memoised, shared by the searches of one plan)."""
+        tables = self.tables
+        found = tables.placements.get((lay, goal))
+        if found is None:
+            spread = tables.placements.get(lay)
+            if spread is None:
+                spread = tables.placements[lay] = Spread.of(lay.value, self.mesh_sizes)
+            wish = tables.placements.get(goal)
+            if wish is None:
+                wish = tables.placements[goal] = Wish.of(goal, self.mesh_sizes)
+            found = tables.placements[(lay, goal)] = Placement(spread, wish, goal)
+        return found
 
     def arriving(self, ctx: Context, done: int, lay: Interned, goal: Goal, floor: float = 0.0) -> float:
         """A lower bound on the cost from `(done, lay)` to the layout `goal` wants, by its
         arrivals alone (see `line`): a tensor axis that must end with mesh axes it does
         not safely hold needs a collective with it as target (or a split). 0 where it
         cannot exceed `floor` (each arrival costs at most a collective's latency and the
-        most bytes the tensor can have then, over the devices, forward and backward)."""
-        here, layout, pending = self.node(ctx, done, lay).here, lay.value, ~done
-        arrivals, whole = [], set()
-        for b, want in enumerate(goal.prefixes):
-            if want:
-                axes = layout[b]
-                if axes and (here.sizes[b] % here.splits[b] or ctx.needs[b] & pending):
-                    whole.add(b)
-                    arrivals.append(b)
-                elif axes[:len(want)] != want:
-                    arrivals.append(b)
+        most bytes the tensor can have then, over the devices, forward and backward; so
+        no more than each axis the goal wants a mesh axis on, which is checked first)."""
+        place = self.placement(lay, goal)
         ways = 2 if self.cost.training else 1
-        if len(arrivals) * ways * (self.cost.latency_bytes + ctx.most_bytes(done) / self.devices) <= floor:
+        most = self.cost.latency_bytes + ctx.most_bytes(done) / self.devices
+        if len(place.wants) * ways * most <= floor:
             return 0.0
-        return self.arrivals_price(ctx, done, layout, goal, -1, arrivals, whole, set(), bool(ctx.psum_steps & pending),
+        layout, sizes, splits, pending = place.layout, ctx.sizes(done), place.splits, ~done
+        needed = ctx.axes(pending)[0]
+        arrivals, whole = [], 0
+        for b, _ in place.wants:
+            if layout[b] and (sizes[b] % splits[b] or needed >> b & 1):
+                whole |= 1 << b
+                arrivals.append(b)
+            elif place.astray >> b & 1:
+                arrivals.append(b)
+        if len(arrivals) * ways * most <= floor:
+            return 0.0
+        return self.arrivals_price(ctx, done, place, -1, arrivals, whole, frozenset(), bool(ctx.psum_steps & pending),
                                    False)
 
-    def arrivals_price(self, ctx: Context, done: int, layout: Layout, goal: Goal, scope: int, arrivals: list,
-                 whole: set, freed: set, psums: bool, summing: bool) -> float:
+    def arrivals_price(self, ctx: Context, done: int, place: Placement, scope: int, arrivals: list, whole: int,
+                       freed: frozenset, psums: bool, summing: bool) -> float:
         """`line`'s price of the `arrivals` (tensor axes that need a collective with them as
-        target, or a split): one latency for a split of mesh axes free now or `freed` by a
-        pending `psum`; for the others, the least bytes each can move then, forward and
-        backward when training, or, if a `psum` is pending (`psums`), each summed away and
-        split back (that `psum` counted already where `summing`)."""
-        mesh, pending = self.mesh_sizes, ~done & scope
-        ways = 2 if self.cost.training else 1
+        target, or a split; `whole`, a bit mask: those that lose every mesh axis first):
+        one latency for a split of mesh axes free now or `freed` by a pending `psum`; for
+        the others, the least bytes each can move then, forward and backward when
+        training, or, if a `psum` is pending (`psums`), each summed away and split back
+        (that `psum` counted already where `summing`)."""
         latency = self.cost.latency_bytes
         split = latency if self.cost.training else 0.0
-        used = {n for axes in layout for n in axes}
-        total, moved = 0.0, []
+        used = place.used
+        ready = place.ready_whole & whole | place.ready & ~whole
+        total, moved = 0.0, 0
         for b in arrivals:
-            want = [m for m in goal.prefixes[b] if b in whole or m not in layout[b]]
-            if all(m not in used or m in freed for m in want):
+            if ready >> b & 1 or freed and all(m not in used or m in freed for m in place.prefixes[b]
+                                               if whole >> b & 1 or m not in place.layout[b]):
                 total += split
             else:
-                moved.append(b)
+                moved |= 1 << b
         if moved:
-            smallest = min(mesh[n] for b in moved for n in goal.prefixes[b])
-            carried = (smallest - 1) / smallest / self.devices
-            needy = tuple(b for b in moved if ctx.needs[b] & pending)
-            sizes = ctx.arrival_bytes(done, needy, scope) if needy else []
-            sizes = sizes + [ctx.least_bytes(done)] * (len(moved) - len(needy))
-            costs = [ways * (latency + size * carried) for size in sizes]
+            smallest = min([place.least_wanted[b] for b in _bits(moved)])
+            costs, splits = self.moves_price(ctx, done, scope, moved, smallest, True)
             if psums:  # or summed away by a psum, then split back: one psum may free them all,
                 # and it may be the dense Matrix's collective or a departure's psum counted already
-                total += min(sum(costs), (0.0 if summing else latency) + sum(min(c, split) for c in costs))
+                total += min(costs, (0.0 if summing else latency) + splits)
             else:
-                total += sum(costs)
+                total += costs
         return total
 
-    def collectives(self, ctx: Context, done: int, layout: Layout, goal: Goal | None, scope: int,
-                    departures: set, whole: set) -> float:
+    def collectives(self, ctx: Context, done: int, place: Placement, scope: int, departures: int,
+                    whole: int) -> float:
         """`line`'s count of the collectives but the halo exchanges, given the tensor
-        axes that depart (`departures`; `whole`: those that lose every mesh axis)."""
+        axes that depart (`departures`, a bit mask; `whole`: those that lose every mesh
+        axis)."""
         pending = ~done & scope
-        mesh = self.mesh_sizes
+        needed, summable = ctx.axes(pending)
         arrivals = []
-        if goal is not None and goal.prefixes is not None:
-            arrivals = [b for b, want in enumerate(goal.prefixes)
-                        if want and (b in whole or layout[b][:len(want)] != want)]
-            # a departure may carry one of its mesh axes to the arrival axis wanting it, if it can
-            # come before the first step needing its source whole and after the last needing b
-            carries = {b: [a for a in departures if a != b and any(m in goal.prefixes[b] for m in layout[a])
-                           and ctx.meets(done, a, b)] for b in arrivals}
-            carried = _matching(carries)
-            arrivals = [b for b in arrivals if b not in carried]
+        if place.wants:
+            astray = whole | place.astray
+            arrivals = [b for b, _ in place.wants if astray >> b & 1]
+            if arrivals and departures:
+                # a departure may carry one of its mesh axes to the arrival axis wanting it, if it can
+                # come before the first step needing its source whole and after the last needing b
+                carries = {}
+                for b in arrivals:
+                    sources = departures & place.sources[b] & ~(1 << b)
+                    if sources:
+                        carries[b] = [a for a in _bits(sources) if ctx.meets(done, a, b)]
+                if carries:
+                    carried = _matching(carries)
+                    arrivals = [b for b in arrivals if b not in carried]
         total = 0.0
         dense = False  # whether a dense Matrix's collective (which may be a psum) is counted
         shared = 0  # the collectives counted for a dense Matrix or a pointwise weight (see `pins_share`)
-        if self.cost.training and any(layout) and not ctx.reduces & pending:
-            if ctx.dense & pending and not any(ctx.psums[a] & pending for a in departures):
-                total += self.cost.latency_bytes
+        latency = self.cost.latency_bytes
+        if self.cost.training and place.split and not ctx.reduces & pending:
+            if ctx.dense & pending and not departures & summable:
+                total += latency
                 dense = True
                 shared += 1
-            parked = [a for a, axes in enumerate(layout) if axes and a not in departures]
-            # a mesh axis the goal wants on an axis the weight runs along may arrive there before
-            # the weight's step (if no step needing that axis whole must follow it): that move is
-            # an arrival's, counted below
-            wanted = {m: b for b, want in enumerate(goal.prefixes) for m in want} if (
-                goal is not None and goal.prefixes is not None) else {}
-
-            def arrives(j, along, a):
-                return any(wanted.get(m) in along and not ctx.needs[wanted[m]] & pending & ctx.descendants[j]
-                           for m in layout[a])
-
-            if any(pending >> j & 1 and any(a not in along and not arrives(j, along, a) for a in parked)
-                   for j, along in ctx.pointwise):
-                total += self.cost.latency_bytes
+            if ctx.pointwise and self.parked(ctx, pending, place, departures):
+                total += latency
                 shared += 1
         if departures or arrivals:
-            ways = 2 if self.cost.training else 1
-            latency = self.cost.latency_bytes
-            psums = any(ctx.psums[a] & pending for a in range(len(layout)))
-            moving = tuple(sorted(a for a in departures if not ctx.psums[a] & pending))
-            summed = len(departures) - len(moving)
-            total += latency * summed  # summed away
+            summed = departures & summable
+            total += latency * summed.bit_count()  # summed away
+            moving = departures & ~summable
             if moving:
-                smallest = min(mesh[n] for a in moving for n in layout[a])
-                carried = (smallest - 1) / smallest / self.devices
-                needy = tuple(a for a in moving if ctx.needs[a] & pending)
-                sizes = ctx.departure_bytes(done, needy, scope) if needy else []
-                least = ctx.least_bytes(done)
-                sizes = sizes + [least] * (len(moving) - len(needy))
-                total += sum(ways * (latency + size * carried) for size in sizes)
-            freed = {n for a in departures if ctx.psums[a] & pending for n in layout[a]}
-            total += self.arrivals_price(ctx, done, layout, goal, scope, arrivals, whole, freed, psums, dense or summed)
-        if goal is None or goal.prefixes is None:
-            total += self.pins_share(ctx, done, layout, pending, departures, shared)
+                smallest = min([place.smallest[a] for a in _bits(moving)])
+                total += self.moves_price(ctx, done, scope, moving, smallest, False)[0]
+            if arrivals:
+                freed = frozenset(n for a in _bits(summed) for n in place.layout[a])
+                total += self.arrivals_price(ctx, done, place, scope, arrivals, whole, freed, bool(summable),
+                                             dense or bool(summed))
+        if place.free:
+            total += self.pins_share(ctx, done, place, pending, departures, shared)
         return total
 
-    def pins_share(self, ctx: Context, done: int, layout: Layout, pending: int, departures: set,
+    def moves_price(self, ctx: Context, done: int, scope: int, axes: int, smallest: int,
+                    arriving: bool) -> tuple[float, float]:
+        """`line`'s least prices of the `all_to_all`s of mesh axes of least size `smallest`,
+        one departing from (or, `arriving`, one arriving on) each tensor axis in `axes` (a
+        mask), forward and backward when training: each moves at least the bytes the
+        tensor has then (`Context.departure_bytes`, `arrival_bytes`; for an axis no pending
+        step needs whole, `least_bytes`). `(their sum, the sum of each's or a split's
+        price, whichever is less)`, memoised: many states share them."""
+        key = (ctx, done, scope, axes, smallest, arriving)
+        found = self.tables.prices.get(key)
+        if found is None:
+            ways = 2 if self.cost.training else 1
+            latency = self.cost.latency_bytes
+            split = latency if self.cost.training else 0.0
+            carried = (smallest - 1) / smallest / self.devices
+            needy = _bits(axes & ctx.axes(~done & scope)[0])
+            sizes = (ctx.arrival_bytes if arriving else ctx.departure_bytes)(done, needy, scope) if needy else []
+            sizes = sizes + [ctx.least_bytes(done)] * (axes.bit_count() - len(needy))
+            costs = [ways * (latency + size * carried) for size in sizes]
+            found = self.tables.prices[key] = (sum(costs), sum(min(c, split) for c in costs))
+        return found
+
+    def parked(self, ctx: Context, pending: int, place: Placement, departures: int) -> bool:
+        """`line`'s pointwise weight: whether a pending pointwise step's weight (split with
+        the axes it runs along) sees a mesh axis parked on another tensor axis, one that no
+        departure moves, and that no arrival can bring onto an axis the weight runs along
+        before the step (a mesh axis the goal wants there, if no step needing that axis
+        whole must follow the weight's: that move is an arrival's, counted apart)."""
+        parked = [a for a in place.split if not departures >> a & 1]
+        if not parked:
+            return False
+        layout, wanted, needs = place.layout, place.wanted, ctx.needs
+        for j, along in ctx.pointwise:
+            if pending >> j & 1:
+                after = pending & ctx.descendants[j]
+                for a in parked:
+                    if a not in along and not any(wanted.get(m) in along and not needs[wanted[m]] & after
+                                                  for m in layout[a]):
+                        return True
+        return False
+
+    def pins_share(self, ctx: Context, done: int, place: Placement, pending: int, departures: int,
                    shared: int) -> float:
         """`line`'s share for pinned weights (where no goal wants a layout). A pending
         pointwise step whose weight is pinned runs with each tensor axis its weight runs
@@ -1255,24 +1383,22 @@ class Search:
         found = self._pinned_splits.get(ctx)
         if found is None:
             found = self._pinned_splits[ctx] = self.pinned_splits(ctx)
+        layout = place.layout
         after = {}  # tensor axis -> (its pinned step, its least mesh axis size)
         before = {}  # tensor axis -> (its pinned step, ((mesh axis, whether first), ...) of the missing adjacencies)
-        adjacent = None  # the pairs of mesh axes one right after the other on a tensor axis now
         for j, splits in found:
             if not pending >> j & 1:
                 continue
             for a, names, smallest, touched in splits:
                 if a not in before and not touched & pending and layout[a] != names:
-                    if adjacent is None:
-                        adjacent = {pair for axes in layout for pair in zip(axes, axes[1:])}
                     missing = ((names[0], True),) if layout[a][:1] != names[:1] else ()
-                    missing += tuple((y, False) for pair in zip(names, names[1:]) if pair not in adjacent
+                    missing += tuple((y, False) for pair in zip(names, names[1:]) if pair not in place.adjacent
                                      for y in pair[1:])
                     if missing:
                         before[a] = (j, missing)
                 if a in after or not ctx.needs[a] & pending & ctx.descendants[j] or ctx.psums[a] & pending:
                     continue
-                if a in departures:
+                if departures >> a & 1:
                     needs = ctx.needs[a] & pending
                     first = (needs & -needs).bit_length() - 1
                     if not needs or not (ctx.whole(first) and ctx.ancestors[j] >> first & 1):
@@ -1288,17 +1414,16 @@ class Search:
             return ways * (latency + least * (n - 1) / n / self.devices)
 
         extra = sum(moved(n) for _, n in after.values())
-        carriers = {(b, y): [(a, True) for a in departures if a != b or not first]
+        carriers = {(b, y): [(a, True) for a in _bits(departures) if a != b or not first]
                             + [(a, False) for a, (k, _) in after.items() if (a != b or not first) and k != j]
                     for b, (j, missing) in before.items() for y, first in missing}
         carried = _matching(carriers)
-        used = {n for axes in layout for n in axes}
-        psums = any(ctx.psums[a] & pending for a in range(len(layout)))
+        psums = bool(ctx.psum_steps & pending)
         split = latency if self.cost.training else 0.0
         for b, y in carriers:
             if (b, y) in carried:
                 continue
-            if y not in used:
+            if y not in place.used:
                 extra += split
             else:
                 cost = moved(self.mesh_sizes[y])
@@ -1326,20 +1451,27 @@ def _matching(edges: dict) -> dict:
     """A maximum matching of a small bipartite graph (`edges[b]`: the `a`s `b` may pair
     with), as `{b: a}` (augmenting paths)."""
     pair: dict = {}
+    owner: dict = {}  # a -> the b paired with it
 
     def augment(b, seen) -> bool:
         for a in edges[b]:
             if a not in seen:
                 seen.add(a)
-                owner = next((c for c, d in pair.items() if d == a), None)
-                if owner is None or augment(owner, seen):
-                    pair[b] = a
+                if a not in owner or augment(owner[a], seen):
+                    pair[b], owner[a] = a, b
                     return True
         return False
 
-    for b in edges:
-        augment(b, set())
+    for b, some in edges.items():
+        if some:
+            augment(b, set())
     return pair
+
+
+@functools.cache
+def _bits(mask: int) -> tuple[int, ...]:
+    """The set bits of `mask` (a set of tensor axes), least first."""
+    return tuple(a for a in range(mask.bit_length()) if mask >> a & 1)
 
 
 def _route(back: dict, state) -> list:
