@@ -201,6 +201,7 @@ class Search:
         self._lines: dict = {}
         self._parking: dict = {}
         self._parks: dict = {}  # context -> whether `parking` may find anything in it
+        self._adjacencies: dict = {}
         self._frame_bounds: dict = {}
         self._term_bounds: dict = {}
         self._departing: dict = {}
@@ -848,9 +849,13 @@ class Search:
             forked = None
             if k == 0 and not loose and terms and (not last or goal is Goal.any()):
                 back = self.exit_goal(entry)
+                leaving = [self.departing(term, entry) for term in terms]
+                # where no mesh axis can come or go, the terms' moves to the exit (`regrouping`)
+                moves = (entry, tuple(zip(leaving, (self.move_price(term, 0) for term in terms)))
+                         ) if self.fixed(entry, [ctx] + terms) else None
                 forked = (back, sum(max(self.line(term, 0, entry, back), self.term_bound(term, entry, None))
                                     for term in terms),
-                          sum(self.departing(term, entry) for term in terms))
+                          sum(leaving), moves)
             found = self._frame_bounds[fr, goal, loose] = (rest, later, ends if k > 0 else None, k == 0 and last,
                                                            forked)
         rest, later, ends, last, forked = found
@@ -867,9 +872,12 @@ class Search:
         here = max(here, self.parking(ctx, done, lay))
         if fork and forked is not None:
             # the sum ends where it started, or every later term leaves that layout
-            back, staying, leaving = forked
+            back, staying, leaving, moves = forked
             stay = max(here, self.arriving(ctx, done, lay, back, here))
-            return max(here + rest, min(stay + staying, here + leaving) + (later or 0.0))
+            leaving += here
+            if moves is not None:
+                stay, leaving = self.regrouping(ctx, done, lay, here, stay, leaving, *moves)
+            return max(here + rest, min(stay + staying, leaving) + (later or 0.0))
         return here + rest
 
     def term_bound(self, term: Context, entry: Interned, ends: Goal | None) -> float:
@@ -1007,6 +1015,65 @@ class Search:
                                    + ctx.least_bytes(done) * (smallest - 1) / smallest / self.devices)
         self._parking[key] = found
         return found
+
+    def fixed(self, entry: Interned, terms: list) -> bool:
+        """Whether no mesh axis can come or go in a sum's `terms` (contexts) run from
+        `entry`: every mesh axis of more than one device splits `entry` (so none is free
+        for a split or a column-parallel `Matrix`), `entry` names no other, and no term
+        holds a step that can sum a split away (a `Reduce`, a row-parallel `Matrix`) or a
+        sum. Then every move in the terms is an `all_to_all` (see `regrouping`)."""
+        names = [m for axes in entry.value for m in axes]
+        return (sorted(self.mesh_sizes[m] for m in names) == sorted(self.mesh_used)
+                and not any(term.psum_steps | term.sums for term in terms))
+
+    def adjacencies(self, lay: Interned) -> frozenset:
+        """Each mesh axis of `lay` with what comes right before it: the mesh axis before
+        it on its tensor axis, or that tensor axis where it is first (memoised)."""
+        found = self._adjacencies.get(lay)
+        if found is None:
+            found = self._adjacencies[lay] = frozenset(
+                (axes[i - 1] if i else a, m) for a, axes in enumerate(lay.value) for i, m in enumerate(axes))
+        return found
+
+    def move_price(self, ctx: Context, done: int) -> float:
+        """The least price of an `all_to_all` from `(done, ...)` on (every mesh axis in
+        use): its latency and the bytes of the smallest tensor a later state can hold,
+        over a group of the mesh's smallest size, forward and backward when training."""
+        smallest = min(self.mesh_used)
+        ways = 2 if self.cost.training else 1
+        return ways * (self.cost.latency_bytes + ctx.least_bytes(done) * (smallest - 1) / smallest / self.devices)
+
+    def regrouping(self, ctx: Context, done: int, lay: Interned, here: float, stay: float, leaving: float,
+                   entry: Interned, later: tuple) -> tuple[float, float]:
+        """`(stay, leaving)` of `bound`'s fork in a sum's first term, raised by counting
+        the moves each term makes to the sum's exit, where no mesh axis can come or go
+        (`fixed`): `stay`, the first term's cost back to the sum's `entry` layout;
+        `leaving`, the cost of every term (the first from `lay`, `later`'s `(departing,
+        move price)` from `entry`) to an exit elsewhere.
+
+        Why. Every mesh axis stays in use, so every move is an `all_to_all`, which takes
+        the minor end of one tensor axis and appends it to another: of the pairs
+        (a mesh axis, what comes right before it, `adjacencies`), it makes at most one
+        new one (the first mesh axis it moves, after the last of its target or first
+        there). A route from layout `P` to `Q` thus makes at least
+        `d(P, Q) = |adjacencies(Q) - adjacencies(P)|` moves (a step's own action leaves
+        the layout as it is, but a `psum`'s or a column-parallel `Matrix`'s, which need a
+        split to sum away or a free mesh axis). Each layout has one pair per
+        mesh axis, and all have the same mesh axes, so `d` is symmetric, and it obeys the
+        triangle inequality (a pair of `Q` missing from `P` is missing from `R` or is
+        one of `R`'s missing from `P`); a layout is its pairs, so `d(P, Q) > 0` for
+        `P != Q`. To the exit `entry`, the first term makes `d(lay, entry)` moves. To an
+        exit `X` elsewhere, with `d = d(entry, X) >= 1`, the first term makes at least
+        `d(lay, entry) - d` moves and each later term `d`; each move costs at least its
+        term's `move_price`, and each term at least its other bound (`here` for the
+        first, `departing` for the others): the least over `d` of their sum is a lower
+        bound."""
+        apart = len(self.adjacencies(entry) - self.adjacencies(lay))
+        price = self.move_price(ctx, done)
+        stay = max(stay, apart * price)
+        elsewhere = min(max(here, max(0, apart - d) * price) + sum(max(least, d * each) for least, each in later)
+                        for d in range(1, len(self.mesh_used) + 1))
+        return stay, max(leaving, elsewhere)
 
     def line(self, ctx: Context, done: int, lay: Interned, goal: Goal | None, scope: int = -1) -> float:
         """A lower bound on the collectives still to come on one line of data (a program,
