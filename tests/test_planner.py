@@ -993,6 +993,42 @@ def test_an_fno_layer_whose_modes_the_mesh_crowds_costs_what_the_exhaustive_sear
     assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
 
 
+@pytest.mark.parametrize("kernel, layout, spectral, training", [
+    (0, (("a",), (), (), ("b",)), ((), (), ("a", "b"), ()), True),
+    (0, (("b",), ("a",), (), ()), ((), (), ("b",), ("a",)), False),
+    (3, (("a",), (), (), ("b",)), ((), (), ("a", "b"), ()), False),
+    (3, ((), (), ("a",), ("b",)), ((), (), ("b",), ("a",)), True),
+])
+def test_fno_layers_with_every_weight_pinned_cost_what_the_exhaustive_search_finds(kernel, layout, spectral, training,
+                                                                                  monkeypatch):
+    """Two FNO layers (with a local convolution where `kernel`) on two mesh axes, every
+    weight pinned and every mesh axis in use: no mesh axis can come or go, so the bound
+    counts the moves each term of a layer makes to the layer's exit (`regrouping`),
+    which raises it in the first term. The chain costs what the exhaustive search finds."""
+    def layer(i):
+        op = (spectral_convolution(2, 2, (8, 8), (4, 4), F64, f"spectral{i}")
+              + channel_mixing(2, 2, 2, (8, 8), F64, f"skip{i}"))
+        return op + local_convolution(2, 2, (8, 8), kernel, F64, f"local{i}") if kernel else op
+
+    ops = [layer(0), layer(1)]
+    pins = {name: pin for i in range(2)
+            for name, pin in [(f"spectral{i}", spectral), (f"skip{i}", ((), ())), (f"local{i}", ((),) * 4)]}
+    mesh, cost, goal = {"a": 2, "b": 2}, CostModel(training=training), Goal.layout(layout)
+    raised = []
+    regrouping = Search.regrouping
+
+    def counted(self, ctx, done, lay, here, stay, leaving, *moves):
+        found = regrouping(self, ctx, done, lay, here, stay, leaving, *moves)
+        raised.append(found > (stay, leaving))
+        return found
+
+    monkeypatch.setattr(Search, "regrouping", counted)
+    exact, _ = Search(mesh, cost, False, exhaustive=True, pinned=pins).run(chain(ops, ops[0].domain_shape), layout, goal)
+    fast, _ = Search(mesh, cost, False, pinned=pins).run(chain(ops, ops[0].domain_shape), layout, goal)
+    assert any(raised)
+    assert same_cost(fast, exact), (fast, exact)
+
+
 @pytest.mark.long
 def test_an_fno_with_a_local_kernel_plans():
     """Issue 20's case that gave up after 200,000 states: a 3-D FNO with a local

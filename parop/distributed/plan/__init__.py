@@ -48,7 +48,10 @@ tests compare their costs on hundreds of random operators and partitions), with:
    in use. In a sum's term, when a step runs with axes it needs whole, an axis without
    which the others cannot hold the mesh axes in use must hold one: it gets one before
    that step and loses it after, where other steps need it whole (`Search.parking`).
-   Later terms of a sum add their own needs from the sum's entry layout. A* with an
+   Later terms of a sum add their own needs from the sum's entry layout. Where no mesh
+   axis can come or go (and every weight is pinned), an `all_to_all` makes at most one
+   new pair of a mesh axis and what comes right before it, so each term of a sum makes
+   at least as many moves as its exit has pairs it lacks (`Search.regrouping`). A* with an
    admissible bound, reopening states when a cheaper route reaches them, returns a
    cheapest route.
 2. *Forced steps.* A step without a weight and with no other form, that runs where

@@ -281,6 +281,8 @@ class Search:
         self._lines: dict = {}
         self._parking: dict = {}
         self._parks: dict = {}  # context -> whether `parking` may find anything in it
+        self._adjacencies: dict = {}
+        self._waypoints: dict = {}
         self._frame_bounds: dict = {}
         self._term_bounds: dict = {}
         self._departing: dict = {}
@@ -909,7 +911,9 @@ class Search:
         cases, each a lower bound: the sum ends where it started (the term's arrivals
         back to its entry layout, `arriving`, and each later term's bound back to it), or
         elsewhere (the term's `line`, and each later term's cost of leaving the entry
-        layout, `departing`); the larger of this and the bound above is returned."""
+        layout, `departing`), each raised where no mesh axis can come or go by the moves
+        the terms make to the exit (`regrouping`); the larger of this and the bound above
+        is returned."""
         if self.exhaustive:
             return 0.0
         fr, ctx, done, lay = state
@@ -932,9 +936,17 @@ class Search:
             forked = None
             if k == 0 and not loose and terms and (not last or goal is Goal.any()):
                 back = self.exit_goal(entry)
+                leaving = [self.departing(term, entry) for term in terms]
+                # where no mesh axis can come or go, the terms' moves to the exit (`regrouping`): the later
+                # terms' least cost to an exit `d` moves from the entry, for d = 1, 2, ...
+                moves = None
+                if self.fixed(entry, [ctx] + terms):
+                    prices = [self.move_price(term, 0) for term in terms]
+                    moves = (entry, tuple(sum(max(least, d * price) for least, price in zip(leaving, prices))
+                                          for d in range(1, len(self.mesh_used) + 1)))
                 forked = (back, sum(max(self.line(term, 0, entry, back), self.term_bound(term, entry, None))
                                     for term in terms),
-                          sum(self.departing(term, entry) for term in terms))
+                          sum(leaving), moves)
             found = self._frame_bounds[fr, goal, loose] = (rest, later, ends if k > 0 else None, k == 0 and last,
                                                            forked)
         rest, later, ends, last, forked = found
@@ -954,9 +966,12 @@ class Search:
         here = max(here, self.parking(ctx, done, lay))
         if fork and forked is not None:
             # the sum ends where it started, or every later term leaves that layout
-            back, staying, leaving = forked
+            back, staying, leaving, moves = forked
             stay = max(here, self.arriving(ctx, done, lay, back, here))
-            return max(here + rest, min(stay + staying, here + leaving) + (later or 0.0))
+            leaving += here
+            if moves is not None:
+                stay, leaving = self.regrouping(ctx, done, lay, here, stay, leaving, *moves)
+            return max(here + rest, min(stay + staying, leaving) + (later or 0.0))
         return here + rest
 
     def term_bound(self, term: Context, entry: Interned, ends: Goal | None) -> float:
@@ -1093,6 +1108,115 @@ class Search:
             found = most * ways * (self.cost.latency_bytes
                                    + ctx.least_bytes(done) * (smallest - 1) / smallest / self.devices)
         self._parking[key] = found
+        return found
+
+    def fixed(self, entry: Interned, terms: list) -> bool:
+        """Whether no mesh axis can come or go in a sum's `terms` (contexts) run from
+        `entry`: every mesh axis of more than one device splits `entry` (so none is free
+        for a split or a column-parallel `Matrix`), `entry` names no other, and no term
+        holds a step that can sum a split away (a `Reduce`, a row-parallel `Matrix`) or a
+        sum. Then every move in the terms is an `all_to_all` (see `regrouping`).
+
+        Only where every weight of the terms is pinned (a network planned again at
+        another batch size): a bound, however exact, changes which of equally cheap
+        routes the search finds first, and where a weight is free, the placement the
+        plan picks among equally cheap ones is what the other batch sizes are pinned to,
+        and what they cost."""
+        names = [m for axes in entry.value for m in axes]
+        return (sorted(self.mesh_sizes[m] for m in names) == sorted(self.mesh_used)
+                and not any(term.psum_steps | term.sums for term in terms)
+                and all(step.leaf.name in self.pinned for term in terms for step in term.prog.all_steps()
+                        if step.weighted))
+
+    def adjacencies(self, lay: Interned) -> frozenset:
+        """Each mesh axis of `lay` with what comes right before it: the mesh axis before
+        it on its tensor axis, or that tensor axis where it is first (memoised)."""
+        found = self._adjacencies.get(lay)
+        if found is None:
+            found = self._adjacencies[lay] = frozenset(
+                (axes[i - 1] if i else a, m) for a, axes in enumerate(lay.value) for i, m in enumerate(axes))
+        return found
+
+    def move_price(self, ctx: Context, done: int) -> float:
+        """The least price of an `all_to_all` from `(done, ...)` on (every mesh axis in
+        use): its latency and the bytes of the smallest tensor a later state can hold,
+        over a group of the mesh's smallest size, forward and backward when training."""
+        smallest = min(self.mesh_used)
+        ways = 2 if self.cost.training else 1
+        return ways * (self.cost.latency_bytes + ctx.least_bytes(done) * (smallest - 1) / smallest / self.devices)
+
+    def regrouping(self, ctx: Context, done: int, lay: Interned, here: float, stay: float, leaving: float,
+                   entry: Interned, apart: tuple) -> tuple[float, float]:
+        """`(stay, leaving)` of `bound`'s fork in a sum's first term, raised by counting
+        the moves each term makes to the sum's exit, where no mesh axis can come or go
+        (`fixed`): `stay`, the first term's cost back to the sum's `entry` layout;
+        `leaving`, the cost of every term to an exit elsewhere (the first from `lay`;
+        `apart[d - 1]`, the later terms' from `entry` to an exit `d` moves away: each
+        the more of its `departing` and `d` times its `move_price`).
+
+        Why. Every mesh axis stays in use, so every move is an `all_to_all`, which takes
+        the minor end of one tensor axis and appends it to another: of the pairs
+        (a mesh axis, what comes right before it, `adjacencies`), it makes at most one
+        new one (the first mesh axis it moves, after the last of its target or first
+        there); a step's own action leaves the layout as it is (but a `psum`'s or a
+        column-parallel `Matrix`'s, which need a split to sum away or a free mesh axis).
+        A route from layout `P` to `Q` thus makes at least
+        `d(P, Q) = |adjacencies(Q) - adjacencies(P)|` moves. Each layout has one pair per
+        mesh axis, and all have the same mesh axes, so `d` is symmetric, and it obeys the
+        triangle inequality (a pair of `Q` missing from `P` is missing from `R` or is
+        one of `R`'s missing from `P`); a layout is its pairs, so `d(P, Q) > 0` for
+        `P != Q`. For the first term, `waypoints` gives `(made, kept, unknown)`: it makes
+        at least `made` moves, and then one for each pair of its exit `X` not in `kept`
+        less `unknown`. To the exit `entry`, that is `made + |entry - kept| - unknown`
+        at least; to an exit `X` elsewhere, with `d = d(entry, X) >= 1`, at least
+        `made + |entry - kept| - unknown - d` (a pair of `entry` missing from `kept` is
+        one of `X`'s missing from `kept`, or one of the `d` of `entry` missing from
+        `X`), and each later term makes `d`. Each move costs at least its term's
+        `move_price`, and each term at least its other bound (`here` for the first,
+        `departing` for the others): the least over `d` of their sum is a lower bound."""
+        pairs, price = self.adjacencies(entry), self.move_price(ctx, done)
+        for made, kept, unknown in self.waypoints(ctx, done, lay):
+            missing = max(0, len(pairs - kept) - unknown)
+            stay = max(stay, (made + missing) * price)
+            leaving = max(leaving, min(max(here, (made + max(0, missing - d)) * price) + others
+                                       for d, others in enumerate(apart, 1)))
+        return stay, leaving
+
+    def waypoints(self, ctx: Context, done: int, lay: Interned) -> tuple:
+        """`(made, kept, unknown)` for each way `regrouping` counts the first term's moves
+        from `(done, lay)` to its exit `X`: at least `made` moves, then one for each pair
+        of `X` (`adjacencies`) not in `kept`, less `unknown` (memoised).
+
+        - *From `lay`*: a pair of `lay` whose mesh axis is first on a tensor axis that a
+          pending step needs whole is gone when that step runs, so each pair of `X` not
+          among `lay`'s others (`kept`) is made by a move: `(0, kept, 0)`.
+        - *Through a pinned step* `j` pending (a pointwise weight pinned, `pinned_splits`):
+          when it runs, each tensor axis its weight runs along holds exactly the mesh
+          axes its pin says, so the layout then has the pairs `known` of those pins.
+          Each one not among `lay`'s pairs that survive the steps before `j` is made by a
+          move before `j` (`made`); after `j`, each pair of `X` not among those of
+          `known` that survive the steps after `j`, nor among the layout's other
+          (`unknown` many) pairs then, is made by a move."""
+        key = (ctx, done, lay)
+        found = self._waypoints.get(key)
+        if found is not None:
+            return found
+        pending = ~done & ctx.full
+
+        def kept(pairs, steps: int) -> frozenset:  # the pairs no step in `steps` takes apart
+            return frozenset(p for p in pairs if not (isinstance(p[0], int) and ctx.needs[p[0]] & steps))
+
+        pairs = self.adjacencies(lay)
+        found = [(0, kept(pairs, pending), 0)]
+        pins = self._pinned_splits.get(ctx)
+        if pins is None:
+            pins = self._pinned_splits[ctx] = self.pinned_splits(ctx)
+        for j, splits in pins:
+            if pending >> j & 1:
+                known = frozenset(p for a, names, _, _ in splits for p in zip((a,) + names, names))
+                found.append((len(known - kept(pairs, ctx.ancestors[j] & pending)),
+                              kept(known, ctx.descendants[j] & pending), len(self.mesh_used) - len(known)))
+        found = self._waypoints[key] = tuple(found)
         return found
 
     def line(self, ctx: Context, done: int, lay: Interned, goal: Goal | None, scope: int = -1) -> float:
