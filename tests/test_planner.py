@@ -13,7 +13,8 @@
 4. `D.H` runs the transpose of `D`'s plan (weights where `D` keeps them).
 5. The machine model (`cost=`) goes with `D.H`, batch plans and chains, and changes
    plans; `po.calibrate()` measures one.
-6. Two former planner bugs (a size-1 axis; regrouping a split) stay fixed.
+6. Three former planner bugs (a size-1 axis; regrouping a split; a sum on one
+   device) stay fixed.
 7. `po.distribute_chain` plans a network as a whole: equal to the serial network,
    no relayout between operators, never dearer than its operators planned alone, and
    as cheap as the exhaustive search.
@@ -808,6 +809,16 @@ def test_an_axis_that_shrinks_to_one_gives_up_its_split(op):
     y = D(θ) @ x
     close(y, apply_dense(op, θ, x))
     assert y.sharding.is_equivalent_to(D.out_sharding, 2)
+
+
+def test_a_sum_on_one_device_plans():
+    """A sum followed by another step, with no weight, on one device: the bound on a
+    sum's moves to its exit (none can happen: no mesh axis has two devices) plans it
+    (it once took the least of no mesh axis sizes), and the result is the serial one."""
+    op = po.kron(po.DFT(8, C128) @ (po.DFT(8, C128) + po.DFT(8, C128).H), po.Identity(4, C128))
+    D = po.distribute(op, (1, 1))
+    x = random_array(np.random.default_rng(0), (8, 4), np.complex128)
+    close(D @ x, apply_dense(op, {}, x))
 
 
 @pytest.mark.parametrize("partition, out", [((2, 2, 2), (8, 1, 1)), ((8, 1, 1), (2, 2, 2))])

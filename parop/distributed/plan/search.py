@@ -1123,7 +1123,8 @@ class Search:
         plan picks among equally cheap ones is what the other batch sizes are pinned to,
         and what they cost."""
         names = [m for axes in entry.value for m in axes]
-        return (sorted(self.mesh_sizes[m] for m in names) == sorted(self.mesh_used)
+        return (bool(self.mesh_used)  # on one device nothing moves: nothing to count
+                and sorted(self.mesh_sizes[m] for m in names) == sorted(self.mesh_used)
                 and not any(term.psum_steps | term.sums for term in terms)
                 and all(step.leaf.name in self.pinned for term in terms for step in term.prog.all_steps()
                         if step.weighted))
