@@ -941,7 +941,7 @@ class Search:
                 # terms' least cost to an exit `d` moves from the entry, for d = 1, 2, ...
                 moves = None
                 if self.fixed(entry, [ctx] + terms):
-                    prices = [self.move_price(term, 0) for term in terms]
+                    prices = [self.move_price(term, 0, min(self.mesh_used)) for term in terms]
                     moves = (entry, tuple(sum(max(least, d * price) for least, price in zip(leaving, prices))
                                           for d in range(1, len(self.mesh_used) + 1)))
                 forked = (back, sum(max(self.line(term, 0, entry, back), self.term_bound(term, entry, None))
@@ -1101,12 +1101,7 @@ class Search:
                         departs = sum(1 for a, axes in enumerate(layout) if axes and ctx.needs[a] & before)
                         arrives = 0 if free else sum(1 for b in forced if not layout[b] or ctx.needs[b] & before)
                         most = max(most, after + max(departs, arrives))
-        found = 0.0
-        if most:
-            smallest = min(self.mesh_sizes[m] for m in in_use)
-            ways = 2 if self.cost.training else 1
-            found = most * ways * (self.cost.latency_bytes
-                                   + ctx.least_bytes(done) * (smallest - 1) / smallest / self.devices)
+        found = most * self.move_price(ctx, done, min(self.mesh_sizes[m] for m in in_use)) if most else 0.0
         self._parking[key] = found
         return found
 
@@ -1138,11 +1133,10 @@ class Search:
                 (axes[i - 1] if i else a, m) for a, axes in enumerate(lay.value) for i, m in enumerate(axes))
         return found
 
-    def move_price(self, ctx: Context, done: int) -> float:
-        """The least price of an `all_to_all` from `(done, ...)` on (every mesh axis in
-        use): its latency and the bytes of the smallest tensor a later state can hold,
-        over a group of the mesh's smallest size, forward and backward when training."""
-        smallest = min(self.mesh_used)
+    def move_price(self, ctx: Context, done: int, smallest: int) -> float:
+        """The least price of an `all_to_all` from `(done, ...)` on, over mesh axes of least
+        size `smallest`: its latency and the bytes of the smallest tensor a later state
+        can hold, forward and backward when training."""
         ways = 2 if self.cost.training else 1
         return ways * (self.cost.latency_bytes + ctx.least_bytes(done) * (smallest - 1) / smallest / self.devices)
 
@@ -1153,7 +1147,8 @@ class Search:
         (`fixed`): `stay`, the first term's cost back to the sum's `entry` layout;
         `leaving`, the cost of every term to an exit elsewhere (the first from `lay`;
         `apart[d - 1]`, the later terms' from `entry` to an exit `d` moves away: each
-        the more of its `departing` and `d` times its `move_price`).
+        the more of its `departing` and `d` times its `move_price` over the mesh's
+        smallest axis).
 
         Why. Every mesh axis stays in use, so every move is an `all_to_all`, which takes
         the minor end of one tensor axis and appends it to another: of the pairs
@@ -1175,7 +1170,7 @@ class Search:
         `X`), and each later term makes `d`. Each move costs at least its term's
         `move_price`, and each term at least its other bound (`here` for the first,
         `departing` for the others): the least over `d` of their sum is a lower bound."""
-        pairs, price = self.adjacencies(entry), self.move_price(ctx, done)
+        pairs, price = self.adjacencies(entry), self.move_price(ctx, done, min(self.mesh_used))
         for made, kept, unknown in self.waypoints(ctx, done, lay):
             missing = max(0, len(pairs - kept) - unknown)
             stay = max(stay, (made + missing) * price)
@@ -1209,10 +1204,7 @@ class Search:
 
         pairs = self.adjacencies(lay)
         found = [(0, kept(pairs, pending), 0)]
-        pins = self._pinned_splits.get(ctx)
-        if pins is None:
-            pins = self._pinned_splits[ctx] = self.pinned_splits(ctx)
-        for j, splits in pins:
+        for j, splits in self.pinned_splits(ctx):
             if pending >> j & 1:
                 known = frozenset(p for a, names, _, _ in splits for p in zip((a,) + names, names))
                 found.append((len(known - kept(pairs, ctx.ancestors[j] & pending)),
@@ -1505,9 +1497,7 @@ class Search:
         Each is priced at its least, as a departure; less one latency for each
         collective of a dense `Matrix` or a pointwise weight counted (`shared`: either
         may be one of these)."""
-        found = self._pinned_splits.get(ctx)
-        if found is None:
-            found = self._pinned_splits[ctx] = self.pinned_splits(ctx)
+        found = self.pinned_splits(ctx)
         layout = place.layout
         after = {}  # tensor axis -> (its pinned step, its least mesh axis size)
         before = {}  # tensor axis -> (its pinned step, ((mesh axis, whether first), ...) of the missing adjacencies)
@@ -1531,14 +1521,8 @@ class Search:
                 after[a] = (j, smallest)
         if not after and not before:
             return 0.0
-        ways = 2 if self.cost.training else 1
         latency = self.cost.latency_bytes
-        least = ctx.least_bytes(done)
-
-        def moved(n: int) -> float:  # an all_to_all over mesh axes of least size n
-            return ways * (latency + least * (n - 1) / n / self.devices)
-
-        extra = sum(moved(n) for _, n in after.values())
+        extra = sum(self.move_price(ctx, done, n) for _, n in after.values())
         carriers = {(b, y): [(a, True) for a in _bits(departures) if a != b or not first]
                             + [(a, False) for a, (k, _) in after.items() if (a != b or not first) and k != j]
                     for b, (j, missing) in before.items() for y, first in missing}
@@ -1551,14 +1535,17 @@ class Search:
             if y not in place.used:
                 extra += split
             else:
-                cost = moved(self.mesh_sizes[y])
+                cost = self.move_price(ctx, done, self.mesh_sizes[y])
                 extra += min(cost, split) if psums else cost
         return max(0.0, extra - shared * latency)
 
     def pinned_splits(self, ctx: Context) -> tuple:
         """`(step, ((tensor axis, the mesh axes its pin splits it over, their least size,
         the dense steps on that axis), ...))` of `ctx`'s pointwise steps with a pinned
-        weight, for the tensor axes the pin splits."""
+        weight, for the tensor axes the pin splits (memoised)."""
+        known = self._pinned_splits.get(ctx)
+        if known is not None:
+            return known
         found = []
         for j, step in enumerate(ctx.steps):
             if step.terms or not step.weighted or step.dense or step.leaf.name not in self.pinned:
@@ -1569,7 +1556,8 @@ class Search:
             splits = tuple((a, names, min(self.mesh_sizes[n] for n in names), ctx.dense_on[a]) for a, names in pins)
             if splits:
                 found.append((j, splits))
-        return tuple(found)
+        found = self._pinned_splits[ctx] = tuple(found)
+        return found
 
 
 def _matching(edges: dict) -> dict:
@@ -1593,7 +1581,7 @@ def _matching(edges: dict) -> dict:
     return pair
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1 << 12)  # a pure function of a mask of tensor axes: a bounded memo
 def _bits(mask: int) -> tuple[int, ...]:
     """The set bits of `mask` (a set of tensor axes), least first."""
     return tuple(a for a in range(mask.bit_length()) if mask >> a & 1)
