@@ -173,3 +173,29 @@ def test_the_quick_run(tmp_path):
               check_planning_memory_and_halo_cases, check_compile_time_was_measured)
     for check in checks:
         check(run)
+
+
+def test_the_chain_scan_draws_chains_in_the_planning_targets_scope():
+    """`planning_scan.py` draws FNO chains within the scope of the planning target (1-D to
+    4-D, at most 8 layers, at most 3 mesh axes and 512 devices, a batch its split
+    divides), plans one and reports it (no timing asserted)."""
+    import math
+    import random
+
+    from benchmarks import planning_scan
+
+    rng = random.Random(0)
+    chains = [planning_scan.draw_chain(rng) for _ in range(300)]
+    for c in chains:
+        assert 1 <= len(c["grid"]) <= 4 and c["layers"] <= 8 and c["local_kernel"] in (None, 3)
+        assert sum(p > 1 for p in c["partition"]) <= 3 and math.prod(c["partition"]) <= 512
+        assert c["partition"][1] == 1 and c["batch"] % c["partition"][0] == 0
+        assert c["reference"] is None or (c["reference"] != c["batch"] and c["reference"] % c["partition"][0] == 0)
+    assert {len(c["grid"]) for c in chains} == {1, 2, 3, 4} and any(c["reference"] for c in chains)
+    for c in (planning_scan.draw_chain(rng, hard=True) for _ in range(100)):
+        assert len(c["grid"]) >= 3 and sum(p > 1 for p in c["partition"][2:]) == 3
+    chain = dict(grid=(16,), modes=(4,), width=4, layers=2, local_kernel=3, partition=(1, 1, 2), batch=3, reference=1)
+    row = planning_scan.plan_chain(chain)
+    assert row["states"] > 0 and not row["gave_up"] and row["devices"] == 2
+    text = planning_scan.report([row], seed=0)
+    assert text.startswith("1 random FNO chains (seed 0)") and "| 1-D 16, width 4" in text
