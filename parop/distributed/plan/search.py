@@ -1169,14 +1169,65 @@ class Search:
         one of `X`'s missing from `kept`, or one of the `d` of `entry` missing from
         `X`), and each later term makes `d`. Each move costs at least its term's
         `move_price`, and each term at least its other bound (`here` for the first,
-        `departing` for the others): the least over `d` of their sum is a lower bound."""
+        `departing` for the others): the least over `d` of their sum is a lower bound.
+        `stay` is also at least the first term's moves back to `entry` (`returning`)."""
         pairs, price = self.adjacencies(entry), self.move_price(ctx, done, min(self.mesh_used))
+        stay = max(stay, self.returning(ctx, done, lay, entry))
         for made, kept, unknown in self.waypoints(ctx, done, lay):
             missing = max(0, len(pairs - kept) - unknown)
             stay = max(stay, (made + missing) * price)
             leaving = max(leaving, min(max(here, (made + max(0, missing - d)) * price) + others
                                        for d, others in enumerate(apart, 1)))
         return stay, leaving
+
+    def returning(self, ctx: Context, done: int, lay: Interned, entry: Interned) -> float:
+        """A lower bound on the moves of a sum's first term from `(done, lay)` back to the
+        sum's `entry` layout, where no mesh axis can come or go (`fixed`): each tensor axis
+        that must get every mesh axis `entry` puts on it (it holds none now, or a pending
+        step needs it whole, or its split pads it) gets them by moves of their own, at
+        least its `blocks` price. Two such axes' moves differ (a move has one target), so
+        the prices add up."""
+        sizes, layout, pending = ctx.sizes(done), lay.value, ~done
+        needed = ctx.axes(pending)[0]
+        total = 0.0
+        for b, want in enumerate(entry.value):
+            if want and (not layout[b] or needed >> b & 1
+                         or sizes[b] % math.prod(self.mesh_sizes[m] for m in layout[b])):
+                total += self.blocks(ctx, done, b, want)
+        return total
+
+    def blocks(self, ctx: Context, done: int, b: int, want: tuple[str, ...]) -> float:
+        """A lower bound on the moves that bring tensor axis `b` its mesh axes `want`, all
+        of them from elsewhere (it holds none of them for good now), where no mesh axis is
+        free or can be freed, so that only `all_to_all`s bring them (memoised).
+
+        Each move appends a block (the minor end of its source) to `b`, after the last
+        pending step that needs `b` whole; so `want` is cut into runs of consecutive mesh
+        axes, each brought by a move of its own that moves at least the run (its price
+        grows with the pieces moved). At that move, the source axis holds the run: it is
+        larger than half the run's pieces (`Context.holding_bytes`, the least bytes the
+        tensor can have then, over every other axis as the source). The least over the
+        cuts of the runs' prices is the bound: where no axis can hold every mesh axis
+        together while `b` is whole or small (an FNO layer's spectral term planned again
+        with its weight pinned), the moves back to an entry layout are two or more, each
+        of a tensor that has grown back, not one."""
+        key = (ctx, done, b, want)
+        found = self.tables.prices.get(key)
+        if found is None:
+            ways = 2 if self.cost.training else 1
+            latency, ndim = self.cost.latency_bytes, len(ctx.shape)
+
+            def run_price(run: tuple[str, ...]) -> float:
+                pieces = math.prod(self.mesh_sizes[m] for m in run)
+                least = min((ctx.holding_bytes(done, b, c, pieces) for c in range(ndim) if c != b), default=math.inf)
+                return ways * (latency + least * (pieces - 1) / pieces / self.devices)
+
+            found = math.inf
+            for cuts in range(1 << max(0, len(want) - 1)):  # bit i: a run ends after want[i]
+                ends = [i + 1 for i in range(len(want) - 1) if cuts >> i & 1] + [len(want)]
+                found = min(found, sum(run_price(want[i:k]) for i, k in zip([0] + ends, ends)))
+            self.tables.prices[key] = found
+        return found
 
     def waypoints(self, ctx: Context, done: int, lay: Interned) -> tuple:
         """`(made, kept, unknown)` for each way `regrouping` counts the first term's moves
