@@ -283,6 +283,7 @@ class Search:
         self._parks: dict = {}  # context -> whether `parking` may find anything in it
         self._adjacencies: dict = {}
         self._waypoints: dict = {}
+        self._returning: dict = {}
         self._frame_bounds: dict = {}
         self._term_bounds: dict = {}
         self._departing: dict = {}
@@ -1186,14 +1187,15 @@ class Search:
         that must get every mesh axis `entry` puts on it (it holds none now, or a pending
         step needs it whole, or its split pads it) gets them by moves of their own, at
         least its `blocks` price. Two such axes' moves differ (a move has one target), so
-        the prices add up."""
-        sizes, layout, pending = ctx.sizes(done), lay.value, ~done
-        needed = ctx.axes(pending)[0]
-        total = 0.0
-        for b, want in enumerate(entry.value):
-            if want and (not layout[b] or needed >> b & 1
-                         or sizes[b] % math.prod(self.mesh_sizes[m] for m in layout[b])):
-                total += self.blocks(ctx, done, b, want)
+        the prices add up (memoised)."""
+        key = (ctx, done, lay, entry)
+        total = self._returning.get(key)
+        if total is None:
+            sizes, layout, needed = ctx.sizes(done), lay.value, ctx.axes(~done)[0]
+            total = self._returning[key] = sum(
+                self.blocks(ctx, done, b, want) for b, want in enumerate(entry.value)
+                if want and (not layout[b] or needed >> b & 1
+                             or sizes[b] % math.prod(self.mesh_sizes[m] for m in layout[b])))
         return total
 
     def blocks(self, ctx: Context, done: int, b: int, want: tuple[str, ...]) -> float:
