@@ -188,12 +188,8 @@ class Context:
         `scope` (a mask: a chain's operator that runs now) count."""
         key = ("arrivals", done, axes, scope)
         if key not in self._bytes:
-            musts = {}
+            musts = {a: self.after_needs(done, (a,), scope) for a in axes}
             skip = done | ~scope
-            for a in axes:
-                needs = self.needs[a] & ~skip
-                last = needs.bit_length() - 1
-                musts[a] = (self.ancestors[last] | self.whole(last)) & ~skip if needs else 0
             pending = [j for j in range(len(self.steps)) if not skip >> j & 1]
             now = math.prod(self.sizes(done)) * self.itemsize(done)
             sizes = []
@@ -209,10 +205,21 @@ class Context:
             self._bytes[key] = sizes
         return self._bytes[key]
 
-    def holding_bytes(self, done: int, b: int, c: int, pieces: int) -> float:
-        """A lower bound on the global bytes of the tensor in a later state after the last
-        pending step that needs axis `b` whole (and every step before it), where axis `c`
-        holds a split into `pieces` (memoised).
+    def after_needs(self, done: int, axes: tuple[int, ...], scope: int = -1) -> int:
+        """The pending steps that run before a state after the last pending step that
+        needs each of `axes` whole: those steps and every step before them (a sum's
+        terms may run around the state: not the sum). Only the steps in `scope` count."""
+        must, skip = 0, done | ~scope
+        for b in axes:
+            needs = self.needs[b] & ~skip
+            last = needs.bit_length() - 1
+            must |= (self.ancestors[last] | self.whole(last)) & ~skip if needs else 0
+        return must
+
+    def holding_bytes(self, done: int, must: int, c: int, pieces: int) -> float:
+        """A lower bound on the global bytes of the tensor in a later state where the
+        steps in `must` have run (with every step before them), and axis `c` holds a
+        split into `pieces` (memoised).
 
         Axis `c` holds it only where its size exceeds `pieces / 2` (an axis of size `n`
         holds fewer than `2n` pieces). The steps on `c` run in their order (they share the
@@ -221,12 +228,9 @@ class Context:
         step run there counts its factor, each one that cannot have run counts 1, and
         each other one its least factor. The least over the prefixes is the bound
         (infinite where `c` is never that large)."""
-        key = ("holding", done, b, c, pieces)
+        key = ("holding", done, must, c, pieces)
         found = self._bytes.get(key)
         if found is None:
-            needs = self.needs[b] & ~done
-            last = needs.bit_length() - 1
-            must = (self.ancestors[last] | self.whole(last)) & ~done if needs else 0
             on = [j for j, step in enumerate(self.steps) if not done >> j & 1 and c in step.axes]
             pending = [j for j in range(len(self.steps)) if not done >> j & 1]
             now = math.prod(self.sizes(done)) * self.itemsize(done)
