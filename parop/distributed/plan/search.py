@@ -1173,7 +1173,9 @@ class Search:
         `departing` for the others): the least over `d` of their sum is a lower bound.
         `stay` is also at least the first term's moves back to `entry` (`returning`)."""
         pairs, price = self.adjacencies(entry), self.move_price(ctx, done, min(self.mesh_used))
-        stay = max(stay, self.returning(ctx, done, lay, entry))
+        ways = 2 if self.cost.training else 1
+        if len(self.mesh_used) * ways * (self.cost.latency_bytes + ctx.most_bytes(done) / self.devices) > stay:
+            stay = max(stay, self.returning(ctx, done, lay, entry))  # a move per mesh axis at most, each at most that
         for made, kept, unknown in self.waypoints(ctx, done, lay):
             missing = max(0, len(pairs - kept) - unknown)
             stay = max(stay, (made + missing) * price)
@@ -1189,13 +1191,13 @@ class Search:
         least its `blocks` price. Two such axes' moves differ (a move has one target), so
         the prices add up; and the last move of all comes after the last pending step
         that needs any of them whole: the least over which axis gets it (memoised)."""
-        key = (ctx, done, lay, entry)
+        sizes, layout, needed = ctx.sizes(done), lay.value, ctx.axes(~done)[0]
+        axes = tuple(b for b, want in enumerate(entry.value)
+                     if want and (not layout[b] or needed >> b & 1
+                                  or sizes[b] % math.prod(self.mesh_sizes[m] for m in layout[b])))
+        key = (ctx, done, axes, entry)
         total = self._returning.get(key)
         if total is None:
-            sizes, layout, needed = ctx.sizes(done), lay.value, ctx.axes(~done)[0]
-            axes = tuple(b for b, want in enumerate(entry.value)
-                         if want and (not layout[b] or needed >> b & 1
-                                      or sizes[b] % math.prod(self.mesh_sizes[m] for m in layout[b])))
             every = ctx.after_needs(done, axes)
             alone = {b: self.blocks(ctx, done, b, entry.value[b], ctx.after_needs(done, (b,))) for b in axes}
             total = self._returning[key] = min(
@@ -1226,6 +1228,7 @@ class Search:
             latency, ndim = self.cost.latency_bytes, len(ctx.shape)
             must = ctx.after_needs(done, (b,))
 
+            @functools.cache  # a run is in several cuts
             def run_price(run: tuple[str, ...], after: int) -> float:
                 pieces = math.prod(self.mesh_sizes[m] for m in run)
                 least = min((ctx.holding_bytes(done, after, c, pieces) for c in range(ndim) if c != b),
