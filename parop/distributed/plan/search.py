@@ -1187,14 +1187,12 @@ class Search:
         """A lower bound on the moves of a sum's first term from `(done, lay)` back to the
         sum's `entry` layout, where no mesh axis can come or go (`fixed`): each tensor axis
         that must get every mesh axis `entry` puts on it (it holds none now, or a pending
-        step needs it whole, or its split pads it) gets them by moves of their own, at
-        least its `blocks` price. Two such axes' moves differ (a move has one target), so
-        the prices add up; and the last move of all comes after the last pending step
-        that needs any of them whole: the least over which axis gets it (memoised)."""
-        sizes, layout, needed = ctx.sizes(done), lay.value, ctx.axes(~done)[0]
-        axes = tuple(b for b, want in enumerate(entry.value)
-                     if want and (not layout[b] or needed >> b & 1
-                                  or sizes[b] % math.prod(self.mesh_sizes[m] for m in layout[b])))
+        step needs it whole) gets them by moves of their own, at least its `blocks` price.
+        Two such axes' moves differ (a move has one target), so the prices add up; and the
+        last move of all comes after the last pending step that needs any of them whole:
+        the least over which axis gets it (memoised)."""
+        layout, needed = lay.value, ctx.axes(~done)[0]
+        axes = tuple(b for b, want in enumerate(entry.value) if want and (not layout[b] or needed >> b & 1))
         key = (ctx, done, axes, entry)
         total = self._returning.get(key)
         if total is None:
