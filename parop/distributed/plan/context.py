@@ -188,12 +188,8 @@ class Context:
         `scope` (a mask: a chain's operator that runs now) count."""
         key = ("arrivals", done, axes, scope)
         if key not in self._bytes:
-            musts = {}
+            musts = {a: self.after_needs(done, (a,), scope) for a in axes}
             skip = done | ~scope
-            for a in axes:
-                needs = self.needs[a] & ~skip
-                last = needs.bit_length() - 1
-                musts[a] = (self.ancestors[last] | self.whole(last)) & ~skip if needs else 0
             pending = [j for j in range(len(self.steps)) if not skip >> j & 1]
             now = math.prod(self.sizes(done)) * self.itemsize(done)
             sizes = []
@@ -208,6 +204,53 @@ class Context:
                 sizes.append(now * least)
             self._bytes[key] = sizes
         return self._bytes[key]
+
+    def after_needs(self, done: int, axes: tuple[int, ...], scope: int = -1) -> int:
+        """The pending steps that run before a state after the last pending step that
+        needs each of `axes` whole: those steps and every step before them (a sum's
+        terms may run around the state: not the sum). Only the steps in `scope` count."""
+        must, skip = 0, done | ~scope
+        for b in axes:
+            needs = self.needs[b] & ~skip
+            last = needs.bit_length() - 1
+            must |= (self.ancestors[last] | self.whole(last)) & ~skip if needs else 0
+        return must
+
+    def holding_bytes(self, done: int, must: int, c: int, pieces: int) -> float:
+        """A lower bound on the global bytes of the tensor in a later state where the
+        steps in `must` have run (with every step before them), and axis `c` holds a
+        split into `pieces` (memoised).
+
+        Axis `c` holds it only where its size exceeds `pieces / 2` (an axis of size `n`
+        holds fewer than `2n` pieces). The steps on `c` run in their order (they share the
+        axis), so the state has run some prefix of them, one after which `c` is that
+        large, with their ancestors, and none of the others nor what follows them: each
+        step run there counts its factor, each one that cannot have run counts 1, and
+        each other one its least factor. The least over the prefixes is the bound
+        (infinite where `c` is never that large)."""
+        key = ("holding", done, must, c, pieces)
+        found = self._bytes.get(key)
+        if found is None:
+            on = [j for j, step in enumerate(self.steps) if not done >> j & 1 and c in step.axes]
+            pending = [j for j in range(len(self.steps)) if not done >> j & 1]
+            now = math.prod(self.sizes(done)) * self.itemsize(done)
+            size, found = self.sizes(done)[c], math.inf
+            for r in range(len(on) + 1):
+                if r:
+                    step = self.steps[on[r - 1]]
+                    size = step.out_sizes[step.axes.index(c)]
+                run = must
+                for j in on[:r]:
+                    run |= self.ancestors[j] | 1 << j
+                idle = 0  # the steps on `c` after the prefix, and what follows them
+                for j in on[r:]:
+                    idle |= self.descendants[j] | 1 << j
+                if 2 * size <= pieces or run & idle:
+                    continue
+                found = min(found, now * math.prod(self.factors[j] if run >> j & 1 else 1.0 if idle >> j & 1
+                                                    else self.shrinks[j] for j in pending))
+            self._bytes[key] = found
+        return found
 
     def holds(self, done: int, k: int, used: tuple[int, ...], scope: int = -1) -> bool:
         """Whether the tensor axes that stencil `k` (of `halos`) leaves free may hold mesh

@@ -283,6 +283,7 @@ class Search:
         self._parks: dict = {}  # context -> whether `parking` may find anything in it
         self._adjacencies: dict = {}
         self._waypoints: dict = {}
+        self._returning: dict = {}
         self._frame_bounds: dict = {}
         self._term_bounds: dict = {}
         self._departing: dict = {}
@@ -1169,14 +1170,76 @@ class Search:
         one of `X`'s missing from `kept`, or one of the `d` of `entry` missing from
         `X`), and each later term makes `d`. Each move costs at least its term's
         `move_price`, and each term at least its other bound (`here` for the first,
-        `departing` for the others): the least over `d` of their sum is a lower bound."""
+        `departing` for the others): the least over `d` of their sum is a lower bound.
+        `stay` is also at least the first term's moves back to `entry` (`returning`)."""
         pairs, price = self.adjacencies(entry), self.move_price(ctx, done, min(self.mesh_used))
+        ways = 2 if self.cost.training else 1
+        if len(self.mesh_used) * ways * (self.cost.latency_bytes + ctx.most_bytes(done) / self.devices) > stay:
+            stay = max(stay, self.returning(ctx, done, lay, entry))  # a move per mesh axis at most, each at most that
         for made, kept, unknown in self.waypoints(ctx, done, lay):
             missing = max(0, len(pairs - kept) - unknown)
             stay = max(stay, (made + missing) * price)
             leaving = max(leaving, min(max(here, (made + max(0, missing - d)) * price) + others
                                        for d, others in enumerate(apart, 1)))
         return stay, leaving
+
+    def returning(self, ctx: Context, done: int, lay: Interned, entry: Interned) -> float:
+        """A lower bound on the moves of a sum's first term from `(done, lay)` back to the
+        sum's `entry` layout, where no mesh axis can come or go (`fixed`): each tensor axis
+        that must get every mesh axis `entry` puts on it (it holds none now, or a pending
+        step needs it whole) gets them by moves of their own, at least its `blocks` price.
+        Two such axes' moves differ (a move has one target), so the prices add up; and the
+        last move of all comes after the last pending step that needs any of them whole:
+        the least over which axis gets it (memoised)."""
+        layout, needed = lay.value, ctx.axes(~done)[0]
+        axes = tuple(b for b, want in enumerate(entry.value) if want and (not layout[b] or needed >> b & 1))
+        key = (ctx, done, axes, entry)
+        total = self._returning.get(key)
+        if total is None:
+            every = ctx.after_needs(done, axes)
+            alone = {b: self.blocks(ctx, done, b, entry.value[b], ctx.after_needs(done, (b,))) for b in axes}
+            total = self._returning[key] = min(
+                (sum(alone.values()) - alone[b] + self.blocks(ctx, done, b, entry.value[b], every) for b in axes),
+                default=0.0)
+        return total
+
+    def blocks(self, ctx: Context, done: int, b: int, want: tuple[str, ...], last: int) -> float:
+        """A lower bound on the moves that bring tensor axis `b` its mesh axes `want`, all
+        of them from elsewhere (it holds none of them for good now), where no mesh axis is
+        free or can be freed, so that only `all_to_all`s bring them, the last of them after
+        the steps in `last` (memoised).
+
+        Each move appends a block (the minor end of its source) to `b`, after the last
+        pending step that needs `b` whole; so `want` is cut into runs of consecutive mesh
+        axes, each brought by a move of its own that moves at least the run (its price
+        grows with the pieces moved), the minor run last. At that move, the source axis
+        holds the run: it is larger than half the run's pieces (`Context.holding_bytes`,
+        the least bytes the tensor can have then, over every other axis as the source).
+        The least over the cuts of the runs' prices is the bound: where no axis can hold
+        every mesh axis together while `b` is whole or small (an FNO layer's spectral term
+        planned again with its weight pinned), the moves back to an entry layout are two
+        or more, each of a tensor that has grown back, not one."""
+        key = (ctx, done, b, want, last)
+        found = self.tables.prices.get(key)
+        if found is None:
+            ways = 2 if self.cost.training else 1
+            latency, ndim = self.cost.latency_bytes, len(ctx.shape)
+            must = ctx.after_needs(done, (b,))
+
+            @functools.cache  # a run is in several cuts
+            def run_price(run: tuple[str, ...], after: int) -> float:
+                pieces = math.prod(self.mesh_sizes[m] for m in run)
+                least = min((ctx.holding_bytes(done, after, c, pieces) for c in range(ndim) if c != b),
+                            default=math.inf)
+                return ways * (latency + least * (pieces - 1) / pieces / self.devices)
+
+            found = math.inf
+            for cuts in range(1 << max(0, len(want) - 1)):  # bit i: a run ends after want[i]
+                ends = [i + 1 for i in range(len(want) - 1) if cuts >> i & 1] + [len(want)]
+                found = min(found, sum(run_price(want[i:k], last if k == len(want) else must)
+                                       for i, k in zip([0] + ends, ends)))
+            self.tables.prices[key] = found
+        return found
 
     def waypoints(self, ctx: Context, done: int, lay: Interned) -> tuple:
         """`(made, kept, unknown)` for each way `regrouping` counts the first term's moves
