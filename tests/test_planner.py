@@ -40,7 +40,7 @@ from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 import parop as po
 import parop.distributed.plan.search as search_module
-from parop.distributed.layout import layout_of
+from parop.distributed.layout import layout_of, layouts
 from parop.distributed.plan import CostModel, Goal, Plan, program
 from parop.distributed.plan.goal import default_goal
 from parop.distributed.plan.program import chain
@@ -1038,6 +1038,43 @@ def test_fno_layers_with_every_weight_pinned_cost_what_the_exhaustive_search_fin
     fast, _ = Search(mesh, cost, False, pinned=pins).run(chain(ops, ops[0].domain_shape), layout, goal)
     assert any(raised)
     assert same_cost(fast, exact), (fast, exact)
+
+
+@pytest.mark.parametrize("spectral", [((), (), ("a",), ("b",)), ((), (), ("b",), ("a",))])
+@pytest.mark.parametrize("training", [True, False])
+def test_an_fno_layer_whose_way_back_needs_a_grown_tensor_costs_what_the_exhaustive_search_finds(spectral, training,
+                                                                                                monkeypatch):
+    """An FNO layer on two mesh axes of 4, its weights pinned, from every entry layout to
+    any exit, as the chain's entry bound searches it: a mode axis (4 modes) holds one mesh
+    axis of 4, never both, so the way back to an entry that piles both onto one axis
+    takes moves of a tensor grown back. Those moves are counted (`returning`), which
+    raises the bound; each search costs what the exhaustive one finds."""
+    op = (spectral_convolution(4, 2, (16, 16), (4, 4), F64, "spectral")
+          + channel_mixing(4, 2, 2, (16, 16), F64, "skip"))
+    pins = {"spectral": spectral, "skip": ((), ())}
+    mesh, cost = {"a": 4, "b": 4}, CostModel(training=training)
+    raised = []
+    regrouping, returning = Search.regrouping, Search.returning
+
+    def regrouped(self, ctx, done, lay, here, stay, leaving, *moves):
+        counted = len(raised)
+        found = regrouping(self, ctx, done, lay, here, stay, leaving, *moves)
+        raised[counted:] = [back > stay for back in raised[counted:]]
+        return found
+
+    def returned(self, *args):
+        found = returning(self, *args)
+        raised.append(found)
+        return found
+
+    monkeypatch.setattr(Search, "regrouping", regrouped)
+    monkeypatch.setattr(Search, "returning", returned)
+    prog = program(op, op.domain_shape)
+    for entry in layouts(op.domain_shape, list(mesh.items())):
+        fast, _ = Search(mesh, cost, False, pinned=pins, returns=True).run(prog, entry, Goal.any())
+        exact, _ = Search(mesh, cost, False, exhaustive=True, pinned=pins).run(prog, entry, Goal.any())
+        assert same_cost(fast, exact), (entry, fast, exact)
+    assert any(raised)
 
 
 @pytest.mark.long
