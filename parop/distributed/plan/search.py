@@ -1139,12 +1139,24 @@ class Search:
                 (axes[i - 1] if i else a, m) for a, axes in enumerate(lay.value) for i, m in enumerate(axes))
         return found
 
+    def all_to_all_price(self, nbytes: float, pieces: int) -> float:
+        """The price of an `all_to_all` of a tensor of `nbytes` (over all devices) that moves
+        mesh axes of `pieces` devices: its latency and the bytes each device sends, forward
+        and backward when training."""
+        ways = 2 if self.cost.training else 1
+        return ways * (self.cost.latency_bytes + nbytes * (pieces - 1) / pieces / self.devices)
+
     def move_price(self, ctx: Context, done: int, smallest: int) -> float:
         """The least price of an `all_to_all` from `(done, ...)` on, over mesh axes of least
-        size `smallest`: its latency and the bytes of the smallest tensor a later state
-        can hold, forward and backward when training."""
+        size `smallest`: of the smallest tensor a later state can hold."""
+        return self.all_to_all_price(ctx.least_bytes(done), smallest)
+
+    def most_move_price(self, ctx: Context, done: int) -> float:
+        """The most a collective from `(done, ...)` on costs that the bounds count as one
+        move: its latency and the most bytes the tensor can have then, over the devices,
+        forward and backward when training."""
         ways = 2 if self.cost.training else 1
-        return ways * (self.cost.latency_bytes + ctx.least_bytes(done) * (smallest - 1) / smallest / self.devices)
+        return ways * (self.cost.latency_bytes + ctx.most_bytes(done) / self.devices)
 
     def regrouping(self, ctx: Context, done: int, lay: Interned, here: float, stay: float, leaving: float,
                    entry: Interned, apart: tuple) -> tuple[float, float]:
@@ -1179,11 +1191,9 @@ class Search:
         Where the search `returns`, `stay` is also at least the first term's moves back to
         `entry` (`returning`)."""
         pairs, price = self.adjacencies(entry), self.move_price(ctx, done, min(self.mesh_used))
-        if self.returns:
-            ways = 2 if self.cost.training else 1
-            # a move per mesh axis at most, each at most that: only where that could raise `stay`
-            if len(self.mesh_used) * ways * (self.cost.latency_bytes + ctx.most_bytes(done) / self.devices) > stay:
-                stay = max(stay, self.returning(ctx, done, lay, entry))
+        # a move per mesh axis at most: only where that could raise `stay`
+        if self.returns and len(self.mesh_used) * self.most_move_price(ctx, done) > stay:
+            stay = max(stay, self.returning(ctx, done, lay, entry))
         for made, kept, unknown in self.waypoints(ctx, done, lay):
             missing = max(0, len(pairs - kept) - unknown)
             stay = max(stay, (made + missing) * price)
@@ -1230,16 +1240,14 @@ class Search:
         key = (ctx, done, b, want, last)
         found = self.tables.prices.get(key)
         if found is None:
-            ways = 2 if self.cost.training else 1
-            latency, ndim = self.cost.latency_bytes, len(ctx.shape)
-            must = ctx.after_needs(done, (b,))
+            ndim, must = len(ctx.shape), ctx.after_needs(done, (b,))
 
             @functools.cache  # a run is in several cuts
             def run_price(run: tuple[str, ...], after: int) -> float:
                 pieces = math.prod(self.mesh_sizes[m] for m in run)
                 least = min((ctx.holding_bytes(done, after, c, pieces) for c in range(ndim) if c != b),
                             default=math.inf)
-                return ways * (latency + least * (pieces - 1) / pieces / self.devices)
+                return self.all_to_all_price(least, pieces)
 
             found = math.inf
             for cuts in range(1 << max(0, len(want) - 1)):  # bit i: a run ends after want[i]
@@ -1399,10 +1407,8 @@ class Search:
         cannot exceed `floor` (each arrival costs at most a collective's latency and the
         most bytes the tensor can have then, over the devices, forward and backward; so
         no more than each axis the goal wants a mesh axis on, which is checked first)."""
-        place = self.placement(lay, goal)
-        ways = 2 if self.cost.training else 1
-        most = self.cost.latency_bytes + ctx.most_bytes(done) / self.devices
-        if len(place.wants) * ways * most <= floor:
+        place, most = self.placement(lay, goal), self.most_move_price(ctx, done)
+        if len(place.wants) * most <= floor:
             return 0.0
         layout, sizes, splits, pending = place.layout, ctx.sizes(done), place.splits, ~done
         needed = ctx.axes(pending)[0]
@@ -1413,7 +1419,7 @@ class Search:
                 arrivals.append(b)
             elif place.astray >> b & 1:
                 arrivals.append(b)
-        if len(arrivals) * ways * most <= floor:
+        if len(arrivals) * most <= floor:
             return 0.0
         return self.arrivals_price(ctx, done, place, -1, arrivals, whole, frozenset(), bool(ctx.psum_steps & pending),
                                    False)
