@@ -1,8 +1,8 @@
 """How long whole FNO chains take to plan, drawn at random from the planning target's
 scope rather than picked by hand: 1-D to 4-D grids, up to 8 layers, with or without
-`local_kernel=3`, batch sizes 1 to 8 (half of them planned again with the weights pinned
-where a reference batch's plan put them, as `evaluate` does for a partial last batch),
-1 to 3 mesh axes of 2, 4 or 8 devices over the batch and grid axes, up to 512 devices.
+`local_kernel=3`, batch sizes 1 to 8 (where the batch axis is split in `p`, `p` or `2p`;
+half of them planned again with the weights pinned where a reference batch's plan put
+them, as `evaluate` does for a partial last batch), 1 to 3 mesh axes of 2, 4 or 8 devices over the batch and grid axes, up to 512 devices.
 
 `python benchmarks/planning_scan.py [--count 40] [--seed 0] [--hard]` prints a summary (how
 many chains plan in under 1 s, the median, the slowest) and the slowest chains, as
@@ -91,14 +91,18 @@ def scan(count: int, seed: int = 0, hard: bool = False, log=None) -> list[dict]:
     return rows
 
 
+def model_text(row: dict) -> str:
+    """The chain's model: `3-D 16×8×8, width 4, modes (8, 4, 4), 2 layers[, local_kernel=3]`."""
+    grid = "×".join(map(str, row["grid"]))
+    return (f"{len(row['grid'])}-D {grid}, width {row['width']}, modes {row['modes']}, {row['layers']} layers"
+            + (", local_kernel=3" if row["local_kernel"] else ""))
+
+
 def describe(row: dict) -> str:
     """One line: the chain and how long its plan took."""
-    grid = "×".join(map(str, row["grid"]))
-    lk = ", local_kernel=3" if row["local_kernel"] else ""
     pinned = f", pinned by batch {row['reference']}" if row["reference"] else ""
     took = "gave up" if row["gave_up"] else f"{row['states']} states"
-    return (f"{grid}, width {row['width']}, modes {row['modes']}, {row['layers']} layers{lk}; "
-            f"{row['partition']} ({row['devices']} devices), batch {row['batch']}{pinned}: "
+    return (f"{model_text(row)}; {row['partition']} ({row['devices']} devices), batch {row['batch']}{pinned}: "
             f"{row['seconds']:.2f} s, {took}")
 
 
@@ -112,12 +116,9 @@ def report(rows: list[dict], seed: int, hard: bool = False, slowest: int = 10) -
              f"{gave_up} given up; median {statistics.median(seconds):.2f} s, slowest {seconds[-1]:.2f} s.", "",
              "| chain | partition | devices | batch | states | seconds |", "|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: -r["seconds"])[:slowest]:
-        grid = "×".join(map(str, r["grid"]))
-        chain = (f"{len(r['grid'])}-D {grid}, width {r['width']}, modes {r['modes']}, {r['layers']} layers"
-                 + (", local_kernel=3" if r["local_kernel"] else ""))
         batch = f"{r['batch']}" + (f" (pinned by {r['reference']})" if r["reference"] else "")
         states = "gave up" if r["gave_up"] else f"{r['states']:,}"
-        lines.append(f"| {chain} | {r['partition']} | {r['devices']} | {batch} | {states} | {r['seconds']:.2f} |")
+        lines.append(f"| {model_text(r)} | {r['partition']} | {r['devices']} | {batch} | {states} | {r['seconds']:.2f} |")
     return "\n".join(lines)
 
 
