@@ -96,7 +96,7 @@ def _fno_layer(rng):
     """An FNO layer `up @ PerModeMatrix @ down` (+ a 1x1 skip) on `(batch, width, *grid)`."""
     grid = [(4,), (8,), (4, 4), (4, 8)][int(rng.integers(4))]
     modes = tuple(min(int(rng.choice([2, 3, 4])), n) for n in grid)
-    batch, width = int(rng.choice([1, 2])), int(rng.choice([1, 2]))
+    batch, width = int(rng.choice([1, 2, 3])), int(rng.choice([1, 2]))  # 3: a split pads it
     dtype = str(rng.choice(["float32", F64]))
     op = spectral_convolution(batch, width, grid, modes, dtype, "spectral")
     if rng.random() < 0.7:
@@ -314,13 +314,13 @@ def test_the_fast_search_with_a_local_kernel_is_as_cheap_as_the_exhaustive_searc
     """FNO layers with a local convolution beside the spectral one (a sum whose last term
     has `HALO` axes: the lower bound counts its halo exchanges, and where the mesh axes in
     use cannot all sit on the axes it leaves free, one exchange at least), batch 1, 2 or
-    4 (a batch axis that can hold no mesh axis, or some), their weights pinned at random
+    3 or 4 (a batch axis that can hold no mesh axis, some, or some padded), their weights pinned at random
     or not: the fast search's cost equals the exhaustive search's, or both find no plan."""
     def cases():
         for i in range(HALO_CASES):
             rng = np.random.default_rng([2028, i])
             grid = [(8,), (8, 4), (4, 4)][int(rng.integers(3))]
-            batch, width = int(rng.choice([1, 2, 4])), int(rng.choice([2, 4]))
+            batch, width = int(rng.choice([1, 2, 3, 4])), int(rng.choice([2, 4]))
             op = (spectral_convolution(batch, width, grid, tuple(n // 2 for n in grid), F64, "spectral")
                   + channel_mixing(batch, width, width, grid, F64, "skip")
                   + local_convolution(batch, width, grid, int(rng.choice([1, 3])), F64, "local"))
@@ -379,6 +379,13 @@ def _regression_cases():
              po.kron(po.Restriction(4, [0, 1], F64).H, I(1), I(4)) @ po.kron(po.Restriction(4, [0, 1], F64), I(1), I(4)),
              po.kron(po.Diagonal(4, F64), po.Matrix(4, 1, F64), po.Matrix(8, 4, F64))],
             (2, 2, 4), {"a": 2, "b": 4}, ((), ("a",), ("b",)), CostModel(1000.0), True, Goal.any()),
+        # a sum entered with its batch axis padded (3 over 'a'): each term and the program
+        # after the sum counted a departure to unpad it, though the terms end in the sum's
+        # padded exit and one move after the sum unpads it
+        "a sum entered padded": (
+            [spectral_convolution(3, 2, (8,), (4,), F64, "spectral") + channel_mixing(3, 2, 2, (8,), F64, "skip")],
+            (3, 2, 8), {"a": 2, "b": 2}, ((), ("b",), ()), CostModel(float(2**20), training=False), False,
+            default_goal(((), ("b",), ()), (3, 2, 8), {"a": 2, "b": 2})),
         # a move within the chain's first operator was priced at the size the tensor has
         # after the later operators (which grow it)
         "the size of a move within a chain": (

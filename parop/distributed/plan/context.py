@@ -19,8 +19,10 @@ class Context:
     after any set of done steps, and what the lower bound needs (memoised)."""
 
     def __init__(self, prog: Program, shape: tuple[int, ...], itemsize: int, tensor_parallel: bool,
-                 split_counts: frozenset = frozenset()):
+                 split_counts: frozenset = frozenset(), term: bool = False):
         self.prog, self.shape, self.itemsize0 = prog, shape, itemsize
+        # a sum's term: it may end padded (in the sum's exit layout, which the program around it unpads)
+        self.term = term
         self.steps, self.preds, self.full = prog.steps, prog.preds, prog.full
         ndim = len(shape)
         self.needs = [0] * ndim  # per axis: the steps that need it whole

@@ -326,11 +326,12 @@ class Search:
             found = self._interned[value] = Interned(value)
         return found
 
-    def context(self, prog: Program, shape, itemsize: int) -> Context:
+    def context(self, prog: Program, shape, itemsize: int, term: bool = False) -> Context:
+        """`prog` run on a tensor of `shape` and `itemsize` (`term`: as a sum's term)."""
         contexts = self.tables.contexts
-        key = (id(prog), shape, itemsize)
+        key = (id(prog), shape, itemsize, term)
         if key not in contexts:
-            contexts[key] = Context(prog, shape, itemsize, bool(self.shard_weights), frozenset(self.split_counts))
+            contexts[key] = Context(prog, shape, itemsize, bool(self.shard_weights), frozenset(self.split_counts), term)
         return contexts[key]
 
     def node(self, ctx: Context, done: int, lay: Interned) -> Node:
@@ -359,7 +360,7 @@ class Search:
     def term(self, frame: Frame, k: int) -> Context:
         parent, after, j, _, _, _ = frame
         before = after & ~(1 << j)
-        return self.context(parent.steps[j].terms[k], parent.sizes(before), parent.itemsize(before))
+        return self.context(parent.steps[j].terms[k], parent.sizes(before), parent.itemsize(before), True)
 
     def price(self, action, here: State) -> Cost:
         held = action.weight_bytes_held(here) if isinstance(action, StepAction) else 0.0
@@ -664,7 +665,7 @@ class Search:
         weight's term: mostly moves of the whole tensor) a search of its own, stopped
         after `LEAVING_STATES` states at the least key still open (no end not popped
         costs less), `line` for the others."""
-        terms = [self.context(t, ctx.sizes(0), ctx.itemsize(0)) for t in ctx.steps[0].terms]
+        terms = [self.context(t, ctx.sizes(0), ctx.itemsize(0), True) for t in ctx.steps[0].terms]
         searched = min(terms, key=lambda t: len(t.steps))
         apart = sum(self.departing(t, lay) if t is searched else self.line(t, 0, lay, None) for t in terms)
         staying = sum(self.line(t, 0, lay, self.exit_goal(lay)) for t in terms)
@@ -680,18 +681,8 @@ class Search:
         if found is None:
             if self._term_search is None:
                 self._term_search = self.sub(self.pinned)
-            least = math.inf
-            try:
-                ends = self._term_search.explore(term, [lay.value], Goal.any(), before=True, padded=True)
-                for count, (cost, state, _, heap) in enumerate(ends):
-                    if state is not None and state[3] is not lay:
-                        least = cost[0]
-                        break
-                    if count == LEAVING_STATES:
-                        least = heap[0][0][0] if heap else math.inf
-                        break
-            except PlanningError:
-                least = 0.0
+            ends = self._term_search.explore(term, [lay.value], Goal.any(), before=True, padded=True)
+            least = _least_end(ends, LEAVING_STATES, lambda state: state[3] is not lay)
             found = self._departing[key] = max(least, self.line(term, 0, lay, None))
         return found
 
@@ -914,7 +905,8 @@ class Search:
 
         In a sum's first term (the exit not known yet), `fork` adds the lesser of two
         cases, each a lower bound: the sum ends where it started (the term's arrivals
-        back to its entry layout, `arriving`, and each later term's bound back to it), or
+        back to its entry layout, `arriving`, each later term's bound back to it, and the
+        program's own `line` on from there, which unpads a padded entry), or
         elsewhere (the term's `line`, and each later term's cost of leaving the entry
         layout, `departing`), each raised where no mesh axis can come or go by the moves
         the terms make to the exit (`regrouping`); the larger of this and the bound above
@@ -949,9 +941,11 @@ class Search:
                     prices = [self.move_price(term, 0, min(self.mesh_used)) for term in terms]
                     moves = (entry, tuple(sum(max(least, d * price) for least, price in zip(leaving, prices))
                                           for d in range(1, len(self.mesh_used) + 1)))
-                forked = (back, sum(max(self.line(term, 0, entry, back), self.term_bound(term, entry, None))
-                                    for term in terms),
-                          sum(leaving), moves)
+                # ending where it started, the program goes on from the entry layout (a padded one unpads there)
+                staying = sum(max(self.line(term, 0, entry, back), self.term_bound(term, entry, None)) for term in terms)
+                if top:
+                    staying += self.segment_line(parent, after, entry, goal)
+                forked = (back, staying, sum(leaving), moves)
             found = self._frame_bounds[fr, goal, loose] = (rest, later, ends if k > 0 else None, k == 0 and last,
                                                            forked)
         rest, later, ends, last, forked = found
@@ -990,8 +984,7 @@ class Search:
                 self._term_search = self.sub(self.pinned)
             search, least = self._term_search, 0.0
             try:
-                for cost, state, _, _ in search.explore(search.context(term.prog, term.shape, term.itemsize0),
-                                                        [entry.value], ends or Goal.any(), padded=True):
+                for cost, state, _, _ in search.explore(term, [entry.value], ends or Goal.any(), padded=True):
                     if state is not None:
                         least = cost[0]
                         break
@@ -1001,11 +994,13 @@ class Search:
         return found
 
     def chain_line(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
-        """`line` for the operator of a chain that runs now (with the goal if it is the
-        last), plus `later`."""
+        """`segment_line` plus `later`."""
+        return self.segment_line(ctx, done, lay, goal) + self.later(ctx, done, lay, goal)
+
+    def segment_line(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
+        """`line` for the operator of a chain that runs now (with the goal if it is the last)."""
         i = ctx.segment(done)
-        last = i == len(ctx.segments) - 1
-        return self.line(ctx, done, lay, goal if last else None, ctx.segments[i]) + self.later(ctx, done, lay, goal)
+        return self.line(ctx, done, lay, goal if i == len(ctx.segments) - 1 else None, ctx.segments[i])
 
     def later(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
         """A lower bound on the chain's operators after the one that runs now: each costs
@@ -1049,10 +1044,8 @@ class Search:
                     canon = [self.canonical(self.intern(e), pins, autos) for e in entries]
                     entries, pins = list(dict.fromkeys(c[0].value for c in canon)), canon[0][2]
                 search = self.sub({**self.pinned, **dict(pins)}, returns=True)
-                try:
-                    self._entry_bounds[alike] = search.run(prog, entries, goal, ctx.itemsize(before))[0][0]
-                except PlanningError:
-                    self._entry_bounds[alike] = math.inf
+                root = search.context(prog, prog.shape, ctx.itemsize(before))
+                self._entry_bounds[alike] = _least_end(search.explore(root, entries, goal))
             self._entry_bounds[key] = self._entry_bounds[alike]
         return self._entry_bounds[key]
 
@@ -1296,9 +1289,10 @@ class Search:
         or a term of a sum), from layout `lay` with `done` steps done.
 
         *Departures*: a tensor axis that is split and that a pending step needs whole,
-        that is padded, or that holds a mesh axis the goal does not want there, needs a
-        collective with that axis as its source (no collective has two sources); it
-        comes before the first step that needs the axis whole. *Arrivals*: a tensor axis
+        that is padded (but in a sum's term, `Context.term`: the terms may end in a padded
+        exit, unpadded after the sum), or that holds a mesh axis the goal does not want
+        there, needs a collective with that axis as its source (no collective has two
+        sources); it comes before the first step that needs the axis whole. *Arrivals*: a tensor axis
         that must end with mesh axes it does not safely hold (it lacks them, or it must
         become whole or unpadded first, losing them; a departure for the goal alone takes
         only the mesh axes after those it wants there) needs a collective with that axis
@@ -1347,7 +1341,7 @@ class Search:
         needed = ctx.axes(pending)[0]
         whole = 0  # the departures that take every mesh axis away (a bit mask of tensor axes, as below)
         for a in place.split:
-            if sizes[a] % splits[a] or needed >> a & 1:
+            if (sizes[a] % splits[a] and not ctx.term) or needed >> a & 1:
                 whole |= 1 << a
         departures = whole | place.conflicts
         counted = {}  # split HALO axes that lose every mesh axis too -> `collectives` with them
@@ -1414,7 +1408,7 @@ class Search:
         needed = ctx.axes(pending)[0]
         arrivals, whole = [], 0
         for b, _ in place.wants:
-            if layout[b] and (sizes[b] % splits[b] or needed >> b & 1):
+            if layout[b] and ((sizes[b] % splits[b] and not ctx.term) or needed >> b & 1):
                 whole |= 1 << b
                 arrivals.append(b)
             elif place.astray >> b & 1:
@@ -1659,6 +1653,22 @@ def _matching(edges: dict) -> dict:
 
 
 @functools.lru_cache(maxsize=1 << 12)  # a pure function of a mask of tensor axes: a bounded memo
+def _least_end(ends: Iterator, states: float = math.inf, accepts: Callable[[tuple], bool] = lambda state: True) -> float:
+    """The time of the cheapest end that `accepts` in `ends` (an `explore`), or, once it has
+    expanded `states` states, the least key still open: a lower bound on it (A* with an
+    admissible bound keeps a state of a cheapest route open at a key no more than that
+    route's cost); `math.inf` where there is none, 0 where the search gives up."""
+    try:
+        for count, (cost, state, _, heap) in enumerate(ends):
+            if state is not None and accepts(state):
+                return cost[0]
+            if count == states:
+                return heap[0][0][0] if heap else math.inf
+    except PlanningError:
+        return 0.0
+    return math.inf
+
+
 def _bits(mask: int) -> tuple[int, ...]:
     """The set bits of `mask` (a set of tensor axes), least first."""
     return tuple(a for a in range(mask.bit_length()) if mask >> a & 1)
