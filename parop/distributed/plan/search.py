@@ -1430,15 +1430,15 @@ class Search:
         split = latency if self.cost.training else 0.0
         used = place.used
         ready = place.ready_whole & whole | place.ready & ~whole
-        total, moved = 0.0, 0
+        total, moved, smallest = 0.0, 0, math.inf
         for b in arrivals:
             if ready >> b & 1 or freed and all(m not in used or m in freed for m in place.prefixes[b]
                                                if whole >> b & 1 or m not in place.layout[b]):
                 total += split
             else:
                 moved |= 1 << b
+                smallest = min(smallest, place.least_wanted[b])
         if moved:
-            smallest = min([place.least_wanted[b] for b in _bits(moved)])
             costs, splits = self.moves_price(ctx, done, scope, moved, smallest, True)
             if psums:  # or summed away by a psum, then split back: one psum may free them all,
                 # and it may be the dense Matrix's collective or a departure's psum counted already
