@@ -418,10 +418,14 @@ class Search:
         push, pop = heapq.heappush, heapq.heappop
         frame_bounds, bound_of = self._frame_bounds, self.bound
 
-        def reach(state, edge, nxt, taken, total, bounds, lines):
+        def reach(state, edge, nxt, taken, total, bounds, lines, floor):
             """`nxt` by `edge` from `state` (`taken`: the actions forced after it), at `total`,
             if that is less than known (the callers in the loop below check first);
-            `bounds` or `lines`: its node's memos (`Node`), if at hand. Inside a sum whose
+            `bounds` or `lines`: its node's memos (`Node`), if at hand. Its key's time is at
+            least `floor`, the time of `state`'s key (pathmax: `state`'s bound less the
+            edge's cost is a lower bound on the cost from `nxt` too, since the cheapest
+            route from `state` costs no more than the edge and the cheapest route from
+            `nxt`; the bounds are admissible but not consistent). Inside a sum whose
             later terms' own searches have not run yet, it is pushed with their `line`s
             alone, and in a sum's first term without the bound on where the sum ends
             (`bound`'s `fork`); such a state (`loose`) is pushed again with the whole bound
@@ -438,7 +442,7 @@ class Search:
                 bound = bounds.get(goal)
                 if bound is None:
                     bound = bounds[goal] = bound_of(nxt, goal)
-            push(heap, ((total[0] + bound, total[1], total[2], total[3]), next(tie), total, nxt, loose))
+            push(heap, ((max(total[0] + bound, floor), total[1], total[2], total[3]), next(tie), total, nxt, loose))
 
         while heap:
             key, _, cost, state, loose = pop(heap)
@@ -469,7 +473,7 @@ class Search:
                 for edge, nxt in self.openings(state, node):
                     nxt, taken = self.settle(nxt)
                     if cost < least(nxt, INFINITE):
-                        reach(state, edge, nxt, taken, cost, None, None)
+                        reach(state, edge, nxt, taken, cost, None, None, key[0])
             held = after and fr is None and done == 0
             arrived, forced = back[state]
             last = None if self.exhaustive or arrived is None or forced else arrived[1][-1]
@@ -496,7 +500,7 @@ class Search:
                     continue  # no cheaper than known (most moves stop here, their cost's time is enough)
                 total = (time, c1 + delta[1], c2 + delta[2], c3 + delta[3])
                 if total < known:
-                    reach(state, edge, nxt, taken, total, nbounds, lines)
+                    reach(state, edge, nxt, taken, total, nbounds, lines, key[0])
             yield None, None, back, heap
 
     # -- chains ------------------------------------------------------------------------------
