@@ -1656,7 +1656,6 @@ def _matching(edges: dict) -> dict:
     return pair
 
 
-@functools.lru_cache(maxsize=1 << 12)  # a pure function of a mask of tensor axes: a bounded memo
 def _least_end(ends: Iterator, states: float = math.inf, accepts: Callable[[tuple], bool] = lambda state: True) -> float:
     """The time of the cheapest end that `accepts` in `ends` (an `explore`), or, once it has
     expanded `states` states, the least key still open: a lower bound on it (A* with an
@@ -1673,6 +1672,7 @@ def _least_end(ends: Iterator, states: float = math.inf, accepts: Callable[[tupl
     return math.inf
 
 
+@functools.lru_cache(maxsize=1 << 12)  # a pure function of a mask of tensor axes: a bounded memo
 def _bits(mask: int) -> tuple[int, ...]:
     """The set bits of `mask` (a set of tensor axes), least first."""
     return tuple(a for a in range(mask.bit_length()) if mask >> a & 1)
