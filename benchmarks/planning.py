@@ -84,6 +84,9 @@ def planning_rows(quick: bool) -> list[dict]:
         for partition in [(1, 1, 4, 4, 4, 1), (1, 1, 8, 8, 4, 1), (1, 1, 8, 8, 8, 1)]:
             networks.append(("4-D FNO chain (dfno's): batch 1, 512²×256×32, width 20, modes (32, 32, 16, 8), 4 layers",
                              dfno, 1, partition, 1.0))
+        # a single layer with three grid axes split: the look-ahead's search is stopped early (`Search.alone`)
+        networks.append(("4-D FNO chain: batch 7, 16×8×16×8, width 20, modes (4, 2, 8, 2), 1 layer",
+                         FNO((16, 8, 16, 8), width=20, modes=(4, 2, 8, 2), layers=1), 7, (1, 1, 8, 1, 2, 8), 1.0))
         networks.append(("1-D FNO chain: batch 2, 64, width 8, modes 16, 8 layers",
                          FNO((64,), width=8, modes=(16,), layers=8), 2, (2, 1, 4), 1.0))
         networks.append(("2-D FNO chain: batch 2, 32², width 8, modes 8², 8 layers",

@@ -565,6 +565,17 @@ def test_a_search_too_large_is_a_clear_value_error(monkeypatch):
         po.distribute(op, (2, 2, 2) + (1,) * 5)
 
 
+def test_a_network_too_large_is_a_clear_value_error(monkeypatch):
+    """The same for a network planned as a whole (an FNO): it names the chain and says
+    what a user of the network can do, not "distribute its parts separately"."""
+    monkeypatch.setattr(Search.__init__, "__defaults__", ("auto", False, 20, None))
+    model = FNO((8, 8), width=4, modes=(4, 4), layers=2)
+    with pytest.raises(ValueError, match=r"distribute_chain\(.*\): the planner gave up after 20 states: the network "
+                                         r"is too large to plan as a whole; split fewer axes, or distribute its "
+                                         r"operators one by one$"):
+        model.distribute((1, 1, 2, 2))
+
+
 # == 3. the collectives of a training step are the plan's =================================
 
 KIND_IN_HLO = {"all_to_all": "all-to-all", "psum": "all-reduce", "psum_scatter": "reduce-scatter",

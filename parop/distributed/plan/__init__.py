@@ -140,9 +140,15 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
 
 def _no_plan(reason: str, prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
              where: str) -> PlanningError:
-    """The `ValueError` for a search that found nothing, saying why where it can."""
+    """The `ValueError` for a search that found nothing, saying why where it can (a
+    search that gave up: what to do, for an operator or for a network's chain)."""
     if reason != "no plan exists":
-        return PlanningError(f"{where}: {reason}")
+        if any(step.barrier for step in prog.steps):
+            advice = ("the network is too large to plan as a whole; split fewer axes, or distribute its "
+                      "operators one by one")
+        else:
+            advice = "the operator is too large to plan exhaustively; distribute its parts separately or split fewer axes"
+        return PlanningError(f"{where}: {reason}: {advice}")
     split = [(a, n, math.prod(mesh_shape[m] for m in axes))
              for a, (n, axes) in enumerate(zip(prog.shape, in_layout)) if axes]
     needs = sorted({f"axis {a}" for s in prog.all_steps() for a, r in zip(s.axes, s.roles) if r is Role.LOCAL})

@@ -36,6 +36,7 @@ ZERO: Cost = (0.0, 0.0, 0, 0.0)
 INFINITE: Cost = (math.inf, math.inf, 0, math.inf)
 MAX_STATES = 200_000
 LEAVING_STATES = 256  # the most states `Search.leaving` searches a term for
+ALONE_STATES = 1_000  # the most states `Search.entry_bound` searches an operator unlike the chain's others for
 
 
 class PlanningError(ValueError):
@@ -293,6 +294,7 @@ class Search:
         self._departing: dict = {}
         self._term_search: Search | None = None  # one for every term's bound: they share its tables
         self._entry_bounds: dict = {}
+        self._alone: dict = {}
         self._later: dict = {}
         self._exit_goals: dict = {}
         self._exits: dict = {}
@@ -463,9 +465,7 @@ class Search:
                         continue
             self._expanded += 1
             if self._expanded > self.max_states:
-                raise PlanningError(
-                    f"the planner gave up after {self.max_states} states: the operator is too large to plan "
-                    "exhaustively; distribute its parts separately or split fewer axes")
+                raise PlanningError(f"the planner gave up after {self.max_states} states")
             node = self.node(ctx, done, lay)
             if node.moves is None:
                 self.fill(ctx, done, lay, node)
@@ -1032,13 +1032,23 @@ class Search:
         splits its input over exactly the mesh axes `used`, to a layout `goal` accepts
         (memoised, also by the operator's structure: a network's identical layers share
         it; a search of its own, with every such layout an entry, which counts the moves back to
-        a sum's entry, `returning`: only its least cost is read, so its bound breaks no tie)."""
+        a sum's entry, `returning`: only its least cost is read, so its bound breaks no tie).
+
+        For an operator unlike every other of the chain (`alone`: a network's single
+        layer), the search stops after `ALONE_STATES` states, at the least key still open
+        (a lower bound, see `_least_end`): its bound serves only the operators before it
+        (in a network, the lifting), and there a weaker one costs less than the whole
+        search. The chain then searches the operator from the few layouts they hand over
+        in, searches the whole one would have run as part of its own (a 4-D layer with
+        three grid axes split: 64 k states to 10.7 k, the same plan). An operator that
+        repeats keeps the whole search: each of its kind after the first needs it."""
         key = (ctx, j, used, goal)
         if key not in self._entry_bounds:
             before = ctx.before(j)
             prog = ctx.prog.segment(j, ctx.sizes(before))
             alike = (_structure(prog, ctx.itemsize(before), self.pinned), used, goal)
             if alike not in self._entry_bounds:
+                states = ALONE_STATES if self.alone(ctx, j) else math.inf
                 entries = layouts(ctx.sizes(before), [(n, s) for n, s in self.mesh if n in used])
                 pins = self.pins(prog)
                 if goal is Goal.any() and entries:
@@ -1049,9 +1059,19 @@ class Search:
                     entries, pins = list(dict.fromkeys(c[0].value for c in canon)), canon[0][2]
                 search = self.sub({**self.pinned, **dict(pins)}, returns=True)
                 root = search.context(prog, prog.shape, ctx.itemsize(before))
-                self._entry_bounds[alike] = _least_end(search.explore(root, entries, goal))
+                self._entry_bounds[alike] = _least_end(search.explore(root, entries, goal), states)
             self._entry_bounds[key] = self._entry_bounds[alike]
         return self._entry_bounds[key]
+
+    def alone(self, ctx: Context, j: int) -> bool:
+        """Whether the chain's operator `j` is unlike its every other operator, whatever
+        their weights' pins (memoised per chain)."""
+        found = self._alone.get(ctx)
+        if found is None:
+            kinds = [_structure(ctx.prog.segment(i, ctx.sizes(ctx.before(i))), ctx.itemsize(ctx.before(i)), {})
+                     for i in range(len(ctx.segments))]
+            found = self._alone[ctx] = tuple(kinds.count(kind) == 1 for kind in kinds)
+        return found[j]
 
     def parking(self, ctx: Context, done: int, lay: Interned) -> float:
         """A lower bound on the collectives still to come on one line of data (a term of
