@@ -92,7 +92,8 @@ class Exits:
         self.found: list[tuple[Cost, Interned]] = []  # (cost, layout), cheapest first
         self.routes: list[tuple] = []  # the actions to each of `found`
         self.popped: list = []  # (cost, tie, layout, actions) popped but not known to be next
-        self.open: list = []  # the search's heap: no end not popped yet costs less than its top
+        self.open: list = []  # the search's heap: no end not popped yet costs less than its top,
+        self.pending: Cost | None = None  # or than the end popped last while not searched on from yet
         self.over = False  # whether the search has popped every end
         self.tie = itertools.count()
 
@@ -110,7 +111,8 @@ class Exits:
         if self.over and not self.popped:
             return None
         tops = [self.popped[0][0]] if self.popped else []
-        least = min(tops + [self.open[0][0]]) if self.open and not self.over else tops[0] if tops else ZERO
+        tops += [self.pending] if self.pending is not None else []
+        least = min(tops + [self.open[0][0]]) if self.open and not self.over else min(tops) if tops else ZERO
         if self.leaving is None:
             return least
         if self.leave is None:
@@ -123,17 +125,21 @@ class Exits:
 
     def step(self) -> None:
         """Takes the cheapest exit popped if no other can cost less, or searches one state on."""
-        if self.popped and (self.over or not self.open or self.popped[0][0] <= self.open[0][0]):
+        first = self.popped[0][0] if self.popped else None
+        if first is not None and (self.pending is None or first <= self.pending) and (
+                self.over or not self.open or first <= self.open[0][0]):
             cost, _, lay, route = heapq.heappop(self.popped)
             self.found.append((cost, lay))
             self.routes.append(route)
             return
         try:
             cost, state, back, self.open = next(self.ends)
+            # an end popped is searched on from (`explore`'s `before`) only at the next step
+            self.pending = cost if state is not None else None
             if state is not None:
                 heapq.heappush(self.popped, (cost, next(self.tie), state[3], fold(_route(back, state))))
         except StopIteration:
-            self.over = True
+            self.over, self.pending = True, None
 
 
 def _add(a: Cost, b: Cost) -> Cost:
@@ -401,7 +407,8 @@ class Search:
 
         `padded`: an end state may be padded (a sum's term alone). For an operator of a
         chain: `before` (one follows it), an end state is expanded
-        too, its moves giving more ends; `after` (it follows one), no move to an unpadded
+        too, its moves giving more ends: at the next step, so that until then
+        `heap[0][0]` bounds no end reached through it (its own cost does); `after` (it follows one), no move to an unpadded
         layout comes before its first step if none ran at once from the entry. Such a
         move is the earlier operator's: with nothing run in between, it costs the same
         there, and the barrier runs where it ends."""
@@ -1685,8 +1692,9 @@ def _least_end(ends: Iterator, states: float = math.inf, accepts: Callable[[tupl
         for count, (cost, state, _, heap) in enumerate(ends):
             if state is not None and accepts(state):
                 return cost[0]
-            if count == states:
-                return heap[0][0][0] if heap else math.inf
+            if count == states:  # an end just popped is searched on from later: it bounds what it leads to
+                least = heap[0][0][0] if heap else math.inf
+                return least if state is None else min(least, cost[0])
     except PlanningError:
         return 0.0
     return math.inf
