@@ -69,7 +69,7 @@ class Node:
         self.moves: list | None = None
         self.sums: tuple[int, ...] = ()  # ready sum steps
         self.bounds: dict = {}  # goal -> `bound` of the state with no sum frame
-        self.lines: dict = {}  # goal or None -> `line` (on the whole program)
+        self.lines: dict = {}  # goal or None -> `line` (on the whole program), or `parking` if more
 
 
 class Exits:
@@ -912,7 +912,7 @@ class Search:
         `chain_line`; a sum's later terms add their own, from the sum's entry layout
         (`term_bound`; `loose`: their `line`s alone, no search); inside a term, the rest
         of the program around the sum adds its own from the exit layout once that is
-        known. `lines`: the `line`s of the state's node, if at hand.
+        known. `lines`: the memo of the state's node (`Node.lines`), if at hand.
 
         In a sum's first term (the exit not known yet), `fork` adds the lesser of two
         cases, each a lower bound: the sum ends where it started (the term's arrivals
@@ -967,20 +967,19 @@ class Search:
                 later = known[lay] = self.later(parent, before, lay, goal)
             rest += later
         ends = goal if last else ends
-        if lines is None:
-            here = self.line(ctx, done, lay, ends)
-        else:
-            here = lines.get(ends)
-            if here is None:
-                here = lines[ends] = self.line(ctx, done, lay, ends)
-        here = max(here, self.parking(ctx, done, lay))
+        here = None if lines is None else lines.get(ends)
+        if here is None:
+            here = max(self.line(ctx, done, lay, ends), self.parking(ctx, done, lay))
+            if lines is not None:
+                lines[ends] = here
         if fork and forked is not None:
             # the sum ends where it started, or every later term leaves that layout
             back, staying, leaving, moves = forked
-            stay = max(here, self.arriving(ctx, done, lay, back, here))
-            leaving += here
+            stay, leaving = here, leaving + here
             if moves is not None:
                 stay, leaving = self.regrouping(ctx, done, lay, here, stay, leaving, *moves)
+            if leaving > stay + staying:  # else the arrivals back to the entry cannot lower the lesser case
+                stay = max(stay, self.arriving(ctx, done, lay, back, stay))
             return max(here + rest, min(stay + staying, leaving) + (later or 0.0))
         return here + rest
 
