@@ -147,7 +147,8 @@ def _no_plan(reason: str, prog: Program, in_layout: Layout, mesh_shape: Mapping[
             advice = ("the network is too large to plan as a whole; split fewer axes, or distribute its "
                       "operators one by one")
         else:
-            advice = "the operator is too large to plan exhaustively; distribute its parts separately or split fewer axes"
+            advice = ("the operator is too large to plan exhaustively; distribute its parts separately or split "
+                      "fewer axes")
         return PlanningError(f"{where}: {reason}: {advice}")
     split = [(a, n, math.prod(mesh_shape[m] for m in axes))
              for a, (n, axes) in enumerate(zip(prog.shape, in_layout)) if axes]

@@ -406,9 +406,9 @@ class Search:
         than `heap[0][0]`.
 
         `padded`: an end state may be padded (a sum's term alone). For an operator of a
-        chain: `before` (one follows it), an end state is expanded
-        too, its moves giving more ends: at the next step, so that until then
-        `heap[0][0]` bounds no end reached through it (its own cost does); `after` (it follows one), no move to an unpadded
+        chain: `before` (one follows it), an end state is expanded too, its moves giving
+        more ends, at the next step (until then `heap[0][0]` bounds no end reached
+        through it; its own cost does); `after` (it follows one), no move to an unpadded
         layout comes before its first step if none ran at once from the entry. Such a
         move is the earlier operator's: with nothing run in between, it costs the same
         there, and the barrier runs where it ends."""
