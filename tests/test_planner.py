@@ -295,6 +295,20 @@ def test_the_fast_search_with_pinned_weights_is_as_cheap_as_the_exhaustive_searc
     assert compared >= 0.8 * PINNED_CASES and planned >= 0.3 * compared, (compared, planned)
 
 
+def test_a_pin_whose_first_mesh_axis_is_free_costs_what_the_exhaustive_search_finds():
+    """A weight pinned over ("a", "b", "c") on one axis, after a `Reduce` whose psum frees
+    "a": the pin's missing adjacencies are "a" first (a split, free when not training) and
+    "b" after "a" (a move), and the one departure the bound counts can make either. The
+    bound once let it make the free one and priced the move: 3 moves where 2 do it."""
+    op = po.kron(po.Reduce(12, F64), po.Restriction(12, [0, 1, 2, 4, 6, 9, 11], F64), po.Diagonal(8, F64, name="d"))
+    prog, mesh, pins = chain([op], (12, 12, 8)), {"a": 2, "b": 2, "c": 2}, {"d": (("a", "b", "c"),)}
+    cost = CostModel(float(2**20), training=False)
+    exact, fast = (Search(mesh, cost, pinned=pins, exhaustive=exhaustive).run(prog, (("a",), ("b",), ("c",)),
+                                                                             Goal.any())[0]
+                   for exhaustive in (True, False))
+    assert same_cost(fast, exact), (fast, exact)
+
+
 def test_a_pin_wanting_mesh_axes_in_another_order_costs_what_the_exhaustive_search_finds():
     """A spectral weight pinned over two mesh axes on one grid axis, `("a", "b")`, from
     inputs holding them the other way round (on that axis, on another, or on two): the

@@ -1592,8 +1592,8 @@ class Search:
           axis first on the axis has the axis as its target, so is no departure from it.
           A dense `Matrix` on that axis may put mesh axes there itself: then nothing is
           counted for the axis. A departure counted, or a collective after another
-          pinned step, may be one of these actions (a maximum matching of them is not
-          counted).
+          pinned step, may be one of these actions (a matching of them is not counted:
+          the one that leaves the cheapest set over, found by matching the dearest first).
 
         Each is priced at its least, as a departure; less one latency for each
         collective of a dense `Matrix` or a pointwise weight counted (`shared`: either
@@ -1627,17 +1627,19 @@ class Search:
         carriers = {(b, y): [(a, True) for a in _bits(departures) if a != b or not first]
                             + [(a, False) for a, (k, _) in after.items() if (a != b or not first) and k != j]
                     for b, (j, missing) in before.items() for y, first in missing}
-        carried = _matching(carriers)
         psums = bool(ctx.psum_steps & pending)
         split = latency if self.cost.training else 0.0
+        prices = {}  # each missing adjacency's price where no carrier makes it
         for b, y in carriers:
-            if (b, y) in carried:
-                continue
             if y not in place.used:
-                extra += split
+                prices[b, y] = split
             else:
                 cost = self.move_price(ctx, done, self.mesh_sizes[y])
-                extra += min(cost, split) if psums else cost
+                prices[b, y] = min(cost, split) if psums else cost
+        # matched dearest first, the adjacencies left over are the cheapest such set: the sets of one
+        # side of a bipartite graph that a matching covers are a matroid, where greed by weight is optimal
+        carried = _matching({key: carriers[key] for key in sorted(carriers, key=lambda key: -prices[key])})
+        extra += sum(price for key, price in prices.items() if key not in carried)
         return max(0.0, extra - shared * latency)
 
     def pinned_splits(self, ctx: Context) -> tuple:
