@@ -72,11 +72,16 @@ class Context:
         self.factors = [step.bytes_factor for step in self.steps]
         # the steps the search may run as soon as they are ready and need no collective (`Search.forced`):
         # no sum, no weight, not growing the tensor, and every split that may pad one of its axes before
-        # it may do so after it too (so running it early never rules out a move)
+        # it may do so after it too, and every split onto it once split that divides it before divides
+        # it after (so running it early never rules out a move: 2 x 2 divides 4, not 3)
+        onto_split = {q for q in split_counts if any(q % p == 0 and 1 < p < q and q // p in split_counts
+                                                     for p in split_counts)}
         self.forceable = sum(1 << j for j, step in enumerate(self.steps)
                              if not step.terms and not step.weighted and self.factors[j] <= 1
                              and all(pads(n, q, ()) == pads(m, q, ()) for n, m in zip(step.in_sizes, step.out_sizes)
-                                     for q in split_counts))
+                                     for q in split_counts)
+                             and all((n % q == 0) == (m % q == 0)
+                                     for n, m in zip(step.in_sizes, step.out_sizes) for q in onto_split))
         self.ancestors = []  # per step: the bit mask of the steps that must run before it
         for j, mask in enumerate(self.preds):
             for i in range(j):
