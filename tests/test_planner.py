@@ -191,10 +191,9 @@ def test_the_fast_search_is_as_cheap_as_the_exhaustive_search():
     """400 random planning problems (x `PAROP_PROPERTY_SCALE`): random trees (float64
     and complex128; krons, compositions, sums, complex scalars, adjoints, `.T`, traced
     scalars `c * A`), FNO layers `up @ PerModeMatrix @ down + skip` (grids of 4, 6 and 8
-    points), convolutions,
-    stencils and Laplacians, and chains of two or three operators; tensor axes of 2, 3,
-    4, 6 and 8 (3 and 6 pad where a move splits them); optional batch axis;
-    meshes of 2, 4 and 8 devices in one to three axes; random input layouts (some mesh
+    points), convolutions, stencils and Laplacians, and chains of two or three operators;
+    tensor axes of 2, 3, 4, 6 and 8 (3 and 6 pad where a move splits them); optional
+    batch axis; meshes of 2, 4 and 8 devices in one to three axes; random input layouts (some mesh
     axes free); `latency_bytes` 0, 1000 and 2**20; training and inference; shard_weights
     "auto", True, False; the default and the "any" goal.
 
