@@ -42,7 +42,7 @@ import parop as po
 import parop.distributed.plan.search as search_module
 from parop.distributed.layout import layout_of, layouts
 from parop.distributed.plan import CostModel, Goal, Plan, program
-from parop.distributed.plan.goal import default_goal
+from parop.distributed.plan.goal import counts_goal, default_goal
 from parop.distributed.plan.program import chain
 from parop.distributed.plan.search import PlanningError, Search
 from parop.nn import FNO
@@ -165,8 +165,22 @@ def oracle_case(rng):
     layout = random_layout(rng, shape, mesh)
     cost = CostModel(latency_bytes=LATENCIES[int(rng.integers(3))], training=bool(rng.random() < 0.5))
     shard = ["auto", True, False][int(rng.integers(3))]
-    goal = default_goal(layout, ops[-1].range_shape + batch, mesh) if rng.random() < 0.5 else Goal.any()
+    goal = random_goal(rng, layout, ops[-1].range_shape + batch, mesh)
     return family, ops, shape, mesh, layout, cost, shard, goal
+
+
+def random_goal(rng, in_layout, out_shape, mesh) -> Goal:
+    """Each goal `out_partition` can ask for: the default (None), "auto", a random
+    output layout, or the split counts of one (mesh axes the input leaves free stay so)."""
+    r = rng.random()
+    if r < 0.35:
+        return default_goal(in_layout, out_shape, mesh)
+    if r < 0.6:
+        return Goal.any()
+    out = random_layout(rng, out_shape, mesh)
+    if r < 0.8:
+        return Goal.layout(out)
+    return counts_goal(tuple(math.prod(mesh[m] for m in axes) for axes in out), in_layout, mesh)
 
 
 def searched(prog, mesh, layout, cost, shard, goal, exhaustive):
@@ -195,7 +209,8 @@ def test_the_fast_search_is_as_cheap_as_the_exhaustive_search():
     tensor axes of 2, 3, 4, 6 and 8 (3 and 6 pad where a move splits them); optional
     batch axis; meshes of 2, 4 and 8 devices in one to three axes; random input layouts (some mesh
     axes free); `latency_bytes` 0, 1000 and 2**20; training and inference; shard_weights
-    "auto", True, False; the default and the "any" goal.
+    "auto", True, False; the default goal, the "any" goal, and random output layouts and
+    split counts (`random_goal`).
 
     For each, the fast search's cost (time, bytes, collectives, weight bytes held: the
     whole tie-breaking order) equals the exhaustive search's, or both find no plan; the
