@@ -1458,12 +1458,9 @@ class Search:
         (that `psum` counted already where `summing`)."""
         latency = self.cost.latency_bytes
         split = latency if self.cost.training else 0.0
-        used = place.used
-        ready = place.ready_whole & whole | place.ready & ~whole
         total, moved, smallest = 0.0, 0, math.inf
         for b in arrivals:
-            if ready >> b & 1 or freed and all(m not in used or m in freed for m in place.prefixes[b]
-                                               if whole >> b & 1 or m not in place.layout[b]):
+            if _splits_in(place, b, whole, freed):
                 total += split
             else:
                 moved |= 1 << b
@@ -1484,6 +1481,8 @@ class Search:
         axis)."""
         pending = ~done & scope
         needed, summable = ctx.axes(pending)
+        summed = departures & summable
+        freed = frozenset(n for a in _bits(summed) for n in place.layout[a])
         arrivals = []
         if place.wants:
             astray = whole | place.astray
@@ -1497,7 +1496,14 @@ class Search:
                     if sources:
                         carries[b] = [a for a in _bits(sources) if ctx.meets(done, a, b)]
                 if carries:
-                    carried = _matching(carries)
+                    # matched dearest first (a split, or the least move of b's own), the arrivals left over
+                    # are the cheapest such set (see `pins_share`)
+                    def price(b: int) -> float:
+                        if _splits_in(place, b, whole, freed):
+                            return 0.0
+                        return self.moves_price(ctx, done, scope, 1 << b, place.least_wanted[b], True)[0]
+
+                    carried = _matching({b: carries[b] for b in sorted(carries, key=lambda b: -price(b))})
                     arrivals = [b for b in arrivals if b not in carried]
         total = 0.0
         dense = False  # whether a dense Matrix's collective (which may be a psum) is counted
@@ -1512,14 +1518,12 @@ class Search:
                 total += latency
                 shared += 1
         if departures or arrivals:
-            summed = departures & summable
             total += latency * summed.bit_count()  # summed away
             moving = departures & ~summable
             if moving:
                 smallest = min([place.smallest[a] for a in _bits(moving)])
                 total += self.moves_price(ctx, done, scope, moving, smallest, False)[0]
             if arrivals:
-                freed = frozenset(n for a in _bits(summed) for n in place.layout[a])
                 total += self.arrivals_price(ctx, done, place, scope, arrivals, whole, freed, bool(summable),
                                              dense or bool(summed))
         if place.free:
@@ -1682,6 +1686,15 @@ def _matching(edges: dict) -> dict:
         if some:
             augment(b, set())
     return pair
+
+
+def _splits_in(place: Placement, b: int, whole: int, freed: frozenset) -> bool:
+    """Whether arrival axis `b` (`whole`: a bit mask of the axes that lose every mesh
+    axis first) can get the mesh axes it lacks by a split: they are free now, or `freed`
+    by a pending `psum`."""
+    ready = place.ready_whole if whole >> b & 1 else place.ready
+    return bool(ready >> b & 1) or bool(freed) and all(
+        m not in place.used or m in freed for m in place.prefixes[b] if whole >> b & 1 or m not in place.layout[b])
 
 
 def _least_end(ends: Iterator, states: float = math.inf, accepts: Callable[[tuple], bool] = lambda state: True) -> float:
