@@ -1,8 +1,9 @@
 """Property-based tests of `po.distribute` (hypothesis).
 
 - Random operator trees (kron, `@`, `+`, scalars, `.H`, up to 3 levels) x random valid
-  partitions on 1, 2, 4 and 8 devices: forward, adjoint and gradient equal the serial
-  operator in float64 / complex128 to tight tolerance.
+  partitions on 1, 2, 4 and 8 devices x `out_partition` None, "auto" or random split
+  counts: forward, adjoint and gradient equal the serial operator in float64 /
+  complex128 to tight tolerance.
 - Random invalid input (partitions, meshes, shapes, dtypes, parameter dicts): a
   `ValueError` or `TypeError`, never a hang, an XLA abort or a silent wrong answer.
 - Every FFT of a distributed program runs inside the `shard_map` on whole (local)
@@ -95,22 +96,27 @@ def cases(draw):
     batch = tuple(draw(st.lists(st.sampled_from([4, 8]), min_size=0, max_size=1)))
     devices = draw(st.sampled_from([1, 2, 4, 8]))
     picks = draw(st.lists(st.integers(0, 3), min_size=3, max_size=3))
-    out = draw(st.sampled_from([None, "auto"]))
+    # out_partition: the default, "auto", or split counts (`split_over` with picks of its own)
+    out = draw(st.sampled_from([None, "auto", "counts"]))
+    out_picks = draw(st.lists(st.integers(0, 3), min_size=3, max_size=3))
     flat = draw(st.booleans())
     shard = draw(st.sampled_from(["auto", "auto", True, False]))
-    return seed, dtype, shape, depth, batch, devices, picks, out, flat, shard
+    return seed, dtype, shape, depth, batch, devices, picks, (out, out_picks), flat, shard
 
 
 @PASS_SEED
 @settings(max_examples=int(40 * SCALE), **SETTINGS)
 @given(cases())
 def test_distributed_equals_serial(case):
-    seed, dtype, shape, depth, batch, devices, picks, out, flat, shard = case
+    seed, dtype, shape, depth, batch, devices, picks, (out, out_picks), flat, shard = case
     rng = np.random.default_rng(seed)
     op = random_tree(rng, shape, dtype, depth, sizes=(1, 2, 3, 4, 8))
     full = op.domain_shape + batch
     partition = split_over(full, picks, devices)
     out_shape = op.range_shape + batch
+    if out == "counts":  # over as many devices as the input (fewer is an error of its own, tested apart)
+        counts = split_over(out_shape, out_picks, devices)
+        out = counts if math.prod(counts) == math.prod(partition) else "auto"
     try:
         with no_hang():
             D = po.distribute(op, partition, out_partition=out, shard_weights=shard)
