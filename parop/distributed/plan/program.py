@@ -139,12 +139,13 @@ class Program:
             for term in step.terms:
                 yield from term.all_steps()
 
-    def segment(self, i: int, shape: tuple[int, ...]) -> "Program":
-        """The steps of a chain's `i`-th operator (between its barriers) as a program of
-        their own, on a tensor of `shape`."""
+    def segment(self, i: int, shape: tuple[int, ...], last: int | None = None) -> "Program":
+        """The steps of a chain's `i`-th operator (between its barriers), or of its
+        operators `i` to `last` with the barriers between them, as a program of their own,
+        on a tensor of `shape`."""
         starts = [0] + [j + 1 for j, s in enumerate(self.steps) if s.barrier]
         ends = [j for j, s in enumerate(self.steps) if s.barrier] + [len(self.steps)]
-        first, stop = starts[i], ends[i]
+        first, stop = starts[i], ends[i if last is None else last]
         mask = (1 << (stop - first)) - 1
         preds = tuple((p >> first) & mask for p in self.preds[first:stop])
         return Program(self.steps[first:stop], preds, tuple(shape), self.dtype)
