@@ -1056,6 +1056,29 @@ def test_a_chain_of_layers_alike_costs_what_the_exhaustive_search_finds():
 
 
 
+def test_the_look_ahead_over_a_networks_last_operators_is_a_lower_bound():
+    """A 3-D FNO of two layers on a 2x2 mesh, from a layout the output must keep: its
+    last layer and projection together (`Search.boundary`) cost more than the sum of
+    their least costs alone (the layer that is cheapest ends where the projection must
+    move back), and the chain's look-ahead from the input (`Search.rest`) stays at most
+    what the exhaustive search finds, which the planned chain costs, for training and
+    for inference."""
+    model = FNO((4, 4, 4), width=2, modes=(2, 2, 2), layers=2, projection=2)
+    ops = named(*FNO._build(model, 1))
+    mesh, entry = {"a": 2, "b": 2}, ((), (), ("a",), ("b",), ())
+    prog = chain(ops, ops[0].domain_shape)
+    goal = default_goal(entry, ops[-1].range_shape, mesh)
+    for cost in (CostModel(), CostModel(latency_bytes=0.0, training=False)):
+        search = Search(mesh, cost, False)
+        root = search.context(prog, prog.shape, prog.dtype.itemsize)
+        n, used = len(root.segments), frozenset("ab")
+        alone = sum(search.entry_bound(root, j, used, goal if j == n - 1 else Goal.any()) for j in range(n - 3, n))
+        assert search.boundary(root, n - 3, used, goal) > alone
+        exact, _ = Search(mesh, cost, False, exhaustive=True).run(prog, entry, goal)
+        assert search.rest(root, 0, search.intern(entry), goal) <= exact[0]
+        assert same_cost(Search(mesh, cost, False).run(prog, entry, goal)[0], exact)
+
+
 def test_an_fno_planned_for_another_batch_size_costs_what_the_exhaustive_search_finds():
     """An FNO planned at batch 1, then at batch 2 with every weight pinned where the
     batch-1 plan put it: its spectral weights sit on mesh axes of equal size in an order
