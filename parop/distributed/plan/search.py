@@ -816,24 +816,29 @@ class Search:
         if found is None:
             n = len(root.segments)
 
-            def least(first: int, last: int, accepted: bool | None, enough: float = math.inf) -> float:
-                """The least cost of operators `first` to `last` from any layout over `used` (one
-                `goal` accepts or not, `accepted`; None: any) to one `goal` accepts (a lower
-                bound on it once that is `enough`)."""
+            def operators(first: int, last: int) -> tuple[Program, list, int]:
+                """Operators `first` to `last` as one program, the layouts over `used` of its
+                input, and its itemsize."""
                 sizes = root.sizes(root.before(first))
-                prog = root.prog.segment(first, sizes, last)
-                entries = [e for e in layouts(sizes, [(m, size) for m, size in self.mesh if m in used])
-                           if accepted is None or goal.accepts(e) == accepted]
-                search = self.sub(self.pinned)
-                return _least_end(search.explore(search.context(prog, prog.shape, root.itemsize(root.before(first))),
-                                                 entries, goal), BOUNDARY_STATES, enough=enough)
+                return (root.prog.segment(first, sizes, last),
+                        layouts(sizes, [(m, size) for m, size in self.mesh if m in used]),
+                        root.itemsize(root.before(first)))
 
-            later, apart = least(j + 1, n - 1, True), least(j + 1, n - 1, False)
+            def least(prog: Program, entries: list, itemsize: int, enough: float = math.inf) -> float:
+                """The least cost of `prog` from any of `entries` to a layout `goal` accepts (a
+                lower bound on it once that is `enough`)."""
+                search = self.sub(self.pinned)
+                return _least_end(search.explore(search.context(prog, prog.shape, itemsize), entries, goal),
+                                  BOUNDARY_STATES, enough=enough)
+
+            tail, entries, itemsize = operators(j + 1, n - 1)
+            later = least(tail, [e for e in entries if goal.accepts(e)], itemsize)
+            apart = least(tail, [e for e in entries if not goal.accepts(e)], itemsize)
             least_j = self.entry_bound(root, j, used, Goal.any())
             outside = least_j + apart
             # `j` costs at least `least_j` to wherever it ends; its search to the goal's layouts stops
             # once that case can no longer be the lesser
-            inside = later + max(least_j, least(j, j, None, outside - later) if later < math.inf else math.inf)
+            inside = later + max(least_j, least(*operators(j, j), outside - later) if later < math.inf else math.inf)
             found = self._boundaries[key] = min(inside, outside)
         return found
 
