@@ -1145,6 +1145,35 @@ def test_an_fno_layer_whose_modes_the_mesh_crowds_costs_what_the_exhaustive_sear
     assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
 
 
+@pytest.mark.parametrize("mesh, layout, moves", [
+    ({"a": 4, "b": 2}, ((), (), ("a",), ("b",)), 3),
+    ({"a": 4, "b": 2}, ((), ("b",), ("a",), ()), 3),
+])
+def test_mesh_axes_parted_by_an_fno_layers_modes_are_counted_and_cost_what_the_exhaustive_search_finds(
+        mesh, layout, moves):
+    """An FNO layer at batch 3 with 2 modes per grid axis: when its spectral weight runs
+    (the channel axis whole), no tensor axis can hold all the mesh axes, and the mode
+    axes, which the inverse DFTs need whole again, can hold only the smaller ones. The
+    bound in its spectral term (`Search.parking`) counts the fewest moves over every
+    placement of the mesh axes there (more than the axes forced alone give), at most
+    what the exhaustive search finds, and the fast search's plan costs what it finds."""
+    op = (spectral_convolution(3, 2, (4, 4), (2, 2), F64, "spectral")
+          + channel_mixing(3, 2, 2, (4, 4), F64, "skip"))
+    prog = program(op, op.domain_shape)
+    for cost in (CostModel(), CostModel(training=False)):
+        goal = default_goal(layout, op.range_shape, mesh)
+        exact, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=True)
+        fast, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=False)
+        assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
+        search = Search(mesh, cost, False)
+        root = search.context(prog, prog.shape, prog.dtype.itemsize)
+        j = next(k for k, step in enumerate(root.steps) if step.terms)
+        entry = search.intern(layout)
+        spectral = search.term((root, 1 << j, j, 0, entry, None), 0)
+        parked = search.parking(spectral, 0, entry)
+        assert parked == moves * search.move_price(spectral, 0, 2) and parked <= exact[0]
+
+
 @pytest.mark.parametrize("kernel, layout, spectral, training", [
     (0, (("a",), (), (), ("b",)), ((), (), ("a", "b"), ()), True),
     (0, (("b",), ("a",), (), ()), ((), (), ("b",), ("a",)), False),

@@ -277,31 +277,33 @@ class Context:
             self._bytes[key] = _fits(used, room)
         return self._bytes[key]
 
-    def must_hold(self, done: int, j: int, used: tuple[int, ...]) -> tuple[int, ...]:
-        """The tensor axes that must hold one of mesh axes of sizes `used` when step `j`
-        runs (after `done`), where each holds none that `j` needs whole and each other
-        one a split into fewer than twice its size then: its size as `j` takes it, or
-        its size now where no pending step before `j` may resize it (otherwise it may
-        hold any, and none is forced)."""
-        step, sizes, pending = self.steps[j], self.sizes(done), ~done
-        room: list = []
-        for b, n in enumerate(sizes):
-            if self.needs[b] >> j & 1:
-                continue
-            if b in step.axes:
-                n = step.in_sizes[step.axes.index(b)]
-            elif self.resizes[b] & pending & ~self.descendants[j] & ~(1 << j):
-                return ()
-            room.append((b, 2 * n))
-        key = ("forced", used, tuple(room))
-        if key not in self._bytes:
-            self._bytes[key] = tuple(b for b, _ in room if not _fits(used, [r for c, r in room if c != b]))
-        return self._bytes[key]
+    def rooms(self, done: int, j: int) -> tuple[float, ...]:
+        """Per tensor axis, in fewer than how many pieces it can be split when step `j`
+        runs (after `done`): none for an axis `j` needs whole; twice its size for the
+        others (a split dividing it, or one that pads it to less than twice its size),
+        its size as `j` takes it, or its size now where no pending step before `j` may
+        resize it (otherwise: any number). Memoised."""
+        key = ("rooms", done, j)
+        found = self._bytes.get(key)
+        if found is None:
+            step, sizes, pending = self.steps[j], self.sizes(done), ~done
+            room: list[float] = []
+            for b, n in enumerate(sizes):
+                if self.needs[b] >> j & 1:
+                    room.append(0)
+                elif b in step.axes:
+                    room.append(2 * step.in_sizes[step.axes.index(b)])
+                elif self.resizes[b] & pending & ~self.descendants[j] & ~(1 << j):
+                    room.append(math.inf)
+                else:
+                    room.append(2 * n)
+            found = self._bytes[key] = tuple(room)
+        return found
 
     def crowded(self, used: tuple[int, ...]) -> tuple[int, ...]:
-        """The steps at which `must_hold` may find an axis for mesh axes of sizes `used`:
-        those where one would be forced even with every axis at its largest size in the
-        program (memoised)."""
+        """The steps where mesh axes of sizes `used` crowd the tensor axes: where one
+        tensor axis would have to hold one of them even with every axis at its largest
+        size in the program (memoised)."""
         key = ("crowded", used)
         if key not in self._bytes:
             largest = list(self.shape)

@@ -1146,23 +1146,26 @@ class Search:
         Every mesh axis in use now stays in use (only a `psum` or a dense `Matrix`'s
         gather could drop one), and a move (an `all_to_all`) takes mesh axes from one
         tensor axis (its source) to one other (its target). When a pending step `j` runs,
-        the tensor axes it needs whole hold none, and each other one holds a split into
-        fewer than twice its size there: a tensor axis without which the others
-        cannot hold the mesh axes in use is *forced* to hold one at `j`
-        (`Context.must_hold`). So:
+        each mesh axis in use sits on some tensor axis, its *holder* there: not one that
+        `j` needs whole, and each holding a split into fewer than twice its size then
+        (`Context.rooms`). Whatever the holders, the route makes (`_fewest_moves`):
 
-        - *after `j`*: each forced axis that a later step needs whole loses its mesh
-          axes between `j` and that step, a move with it as source;
-        - *before `j`*: each forced axis that holds none now, or that a step before `j`
-          needs whole, gets one between now (or that step) and `j`: a move with it as
-          target (where no mesh axis is free: otherwise a split could do it); and each
-          axis split now that a step before `j` needs whole loses its mesh axes: a move
-          with it as source. One move has one source and one target, so at least as
-          many moves come before `j` as there are such sources, and as such targets.
+        - *before `j`*: a move with source `a` for each tensor axis `a` that loses a mesh
+          axis (it holds one now, and `j` finds it elsewhere, or a step before `j` needs
+          `a` whole), and a move with target `b` for each tensor axis `b` that gains one
+          (`j` finds there a mesh axis that is elsewhere now, or one at all where a step
+          before `j` needs `b` whole). One move has one source and one target, so at
+          least as many moves as such sources, and as such targets;
+        - *after `j`*: a move with source `b` for each holder `b` that a later step needs
+          whole.
 
-        The moves before `j` and after it are different moves; each is priced at its
-        least (`line`'s price of a departure). The bound is the largest over the
-        pending steps."""
+        The moves before `j` and after it are different moves; the bound counts the
+        fewest over every way to place the mesh axes in use at `j` (a few tensor axes, a
+        few mesh axes: a small search), each move priced at its least (`line`'s price of
+        a departure), and is the largest over the pending steps where the mesh axes are
+        crowded (`Context.crowded`). A 4-D FNO layer whose three split grid axes must
+        make room for its mode-sized axes: two moves more than the axes forced alone
+        counted, each way (a 4-D chain of 4 layers: 145 k states to 26 k)."""
         parks = self._parks.get(ctx)
         if parks is None:  # none where no step is crowded even with every mesh axis in use
             parks = not (ctx.psum_steps | ctx.dense | ctx.sums) and bool(ctx.crowded(self.mesh_used))
@@ -1174,22 +1177,16 @@ class Search:
         if found is not None:
             return found
         pending = ~done
-        layout = lay.value
-        in_use = {m for axes in layout for m in axes if self.mesh_sizes[m] > 1}
-        used = tuple(sorted((self.mesh_sizes[m] for m in in_use), reverse=True))
+        # (size, tensor axis) of each mesh axis in use, the largest first (the most constrained)
+        placed = tuple(sorted(((self.mesh_sizes[m], a) for a, axes in enumerate(lay.value) for m in axes
+                               if self.mesh_sizes[m] > 1), reverse=True))
         most = 0
-        if used:
-            free = any(size > 1 and name not in in_use for name, size in self.mesh)
-            for j in ctx.crowded(used):
+        if placed:
+            for j in ctx.crowded(tuple(size for size, _ in placed)):
                 if pending >> j & 1:
-                    forced = ctx.must_hold(done, j, used)
-                    if forced:
-                        before = ctx.ancestors[j] & pending
-                        after = sum(1 for b in forced if ctx.needs[b] & pending & ctx.descendants[j])
-                        departs = sum(1 for a, axes in enumerate(layout) if axes and ctx.needs[a] & before)
-                        arrives = 0 if free else sum(1 for b in forced if not layout[b] or ctx.needs[b] & before)
-                        most = max(most, after + max(departs, arrives))
-        found = most * self.move_price(ctx, done, min(self.mesh_sizes[m] for m in in_use)) if most else 0.0
+                    most = max(most, _fewest_moves(placed, ctx.rooms(done, j), ctx.axes(ctx.ancestors[j] & pending)[0],
+                                                   ctx.axes(ctx.descendants[j] & pending)[0]))
+        found = most * self.move_price(ctx, done, placed[-1][0]) if most else 0.0
         self._parking[key] = found
         return found
 
@@ -1724,6 +1721,51 @@ class Search:
                 found.append((j, splits))
         found = self._pinned_splits[ctx] = tuple(found)
         return found
+
+
+@functools.lru_cache(maxsize=1 << 14)  # a pure function of small tuples: a bounded memo
+def _fewest_moves(placed: tuple[tuple[int, int], ...], rooms: tuple[float, ...], whole_before: int,
+                  whole_after: int) -> int:
+    """The fewest moves around a step (see `Search.parking`) over every way to place the
+    mesh axes `placed` (`(size, tensor axis now)` each) on tensor axes with `rooms` (each
+    takes mesh axes whose sizes multiply to less than its room) when it runs; the tensor
+    axes a step before it needs whole (`whole_before`) and one after it (`whole_after`) are
+    bit masks. 0 where they cannot be placed (no route runs the step).
+
+    Both mesh axes on axis 2, which a step before needs whole and one after too: they
+    leave it, the one of 4 comes back (axis 1 has room for the other only), and it
+    leaves again after.
+
+    >>> _fewest_moves(((4, 2), (2, 2)), (0, 4, 8), 0b100, 0b100)
+    3
+    """
+    best = math.inf
+    load = [1] * len(rooms)  # the product of the sizes placed on each tensor axis so far
+    orders = {a: (a, *(b for b in range(len(rooms)) if b != a)) for _, a in placed}
+
+    def place(k: int, sources: int, targets: int, holders: int) -> None:
+        nonlocal best
+        # each placement only adds to the three sets: this is a lower bound on every completion
+        moves = max(sources.bit_count(), targets.bit_count()) + (holders & whole_after).bit_count()
+        if moves >= best:
+            return
+        if k == len(placed):
+            best = moves
+            return
+        size, a = placed[k]
+        for b in orders[a]:  # staying first: a cheap placement early prunes the rest
+            if load[b] * size < rooms[b]:
+                load[b] *= size
+                gains = 1 << b if b != a or whole_before >> b & 1 else 0
+                place(k + 1, sources | (1 << a if b != a else 0), targets | gains, holders | 1 << b)
+                load[b] //= size
+
+    departures = 0  # the axes split now that a step before needs whole
+    for _, a in placed:
+        if whole_before >> a & 1:
+            departures |= 1 << a
+    place(0, departures, 0, 0)
+    return 0 if best == math.inf else best
 
 
 def _matching(edges: dict) -> dict:
