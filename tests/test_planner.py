@@ -1174,6 +1174,33 @@ def test_mesh_axes_parted_by_an_fno_layers_modes_are_counted_and_cost_what_the_e
         assert parked == moves * search.move_price(spectral, 0, 2) and parked <= exact[0]
 
 
+@pytest.mark.parametrize("layout", [((), (), ("a", "b"), ()), (("a",), (), (), ("b",)), ((), (), ("b",), ("a",))])
+def test_an_fno_layer_with_its_spectral_weight_pinned_counts_the_moves_to_the_pin_and_back(layout):
+    """An FNO layer planned again with its spectral weight pinned over its two mode axes
+    (a network planned at another batch size), on two mesh axes of 2: there is room for
+    both mesh axes on any axis, so none is crowded, but the pin places them. From each
+    layout the bound in the spectral term (`Search.parking`) counts two moves to the
+    pin's axes (each gains a mesh axis; one a step before needs whole) and two after
+    (the inverse DFTs need them whole), at most what the exhaustive search finds, and
+    the fast search's plan costs what it finds."""
+    op = (spectral_convolution(2, 2, (8, 8), (4, 4), F64, "spectral")
+          + channel_mixing(2, 2, 2, (8, 8), F64, "skip"))
+    pins, mesh = {"spectral": ((), (), ("a",), ("b",)), "skip": ((), ())}, {"a": 2, "b": 2}
+    prog = program(op, op.domain_shape)
+    for cost in (CostModel(), CostModel(training=False)):
+        goal = default_goal(layout, op.range_shape, mesh)
+        exact, _ = Search(mesh, cost, False, exhaustive=True, pinned=pins).run(prog, layout, goal)
+        fast, _ = Search(mesh, cost, False, pinned=pins).run(prog, layout, goal)
+        assert same_cost(fast, exact), (fast, exact)
+        search = Search(mesh, cost, False, pinned=pins)
+        root = search.context(prog, prog.shape, prog.dtype.itemsize)
+        j = next(k for k, step in enumerate(root.steps) if step.terms)
+        entry = search.intern(layout)
+        spectral = search.term((root, 1 << j, j, 0, entry, None), 0)
+        parked = search.parking(spectral, 0, entry)
+        assert parked == 4 * search.move_price(spectral, 0, 2) and parked <= exact[0]
+
+
 @pytest.mark.parametrize("kernel, layout, spectral, training", [
     (0, (("a",), (), (), ("b",)), ((), (), ("a", "b"), ()), True),
     (0, (("b",), ("a",), (), ()), ((), (), ("b",), ("a",)), False),

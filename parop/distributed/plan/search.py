@@ -1159,16 +1159,25 @@ class Search:
         - *after `j`*: a move with source `b` for each holder `b` that a later step needs
           whole.
 
-        The moves before `j` and after it are different moves; the bound counts the
-        fewest over every way to place the mesh axes in use at `j` (a few tensor axes, a
-        few mesh axes: a small search), each move priced at its least (`line`'s price of
-        a departure), and is the largest over the pending steps where the mesh axes are
-        crowded (`Context.crowded`). A 4-D FNO layer whose three split grid axes must
-        make room for its mode-sized axes: two moves more than the axes forced alone
-        counted, each way (a 4-D chain of 4 layers: 145 k states to 26 k)."""
+        The moves before `j` and after it are different moves; each is priced at its
+        least (`line`'s price of a departure). The bound is the largest over the pending
+        steps of
+
+        - where the mesh axes are crowded (`Context.crowded`): the fewest over every way
+          to place the mesh axes in use (a few tensor axes, a few mesh axes: a small
+          search). A 4-D FNO layer whose three split grid axes must make room for its
+          mode-sized axes: two moves more than the axes forced alone counted, each way
+          (a 4-D chain of 4 layers: 145 k states to 26 k);
+        - at a step whose pointwise weight is pinned (a network planned again at another
+          batch size), crowded or not: the count for the placement its pin gives the
+          mesh axes it names (those in use; the others not counted). An FNO layer must
+          take its mesh axes to its spectral weight's, and give them up again for the
+          inverse DFTs (the 4-D `local_kernel` chain pinned at batch 2: 6.9 k states to
+          4.4 k)."""
         parks = self._parks.get(ctx)
-        if parks is None:  # none where no step is crowded even with every mesh axis in use
-            parks = not (ctx.psum_steps | ctx.dense | ctx.sums) and bool(ctx.crowded(self.mesh_used))
+        if parks is None:  # none where no step is crowded even with every mesh axis in use, nor pinned
+            parks = not (ctx.psum_steps | ctx.dense | ctx.sums) and bool(
+                ctx.crowded(self.mesh_used) or self.pinned_splits(ctx))
             self._parks[ctx] = parks
         if not parks:
             return 0.0
@@ -1186,6 +1195,12 @@ class Search:
                 if pending >> j & 1:
                     most = max(most, _fewest_moves(placed, ctx.rooms(done, j), ctx.axes(ctx.ancestors[j] & pending)[0],
                                                    ctx.axes(ctx.descendants[j] & pending)[0]))
+            where = {m: a for a, axes in enumerate(lay.value) for m in axes if self.mesh_sizes[m] > 1}
+            for j, splits in self.pinned_splits(ctx):
+                if pending >> j & 1:
+                    pinned = tuple((where[m], b) for b, names, _, _ in splits for m in names if m in where)
+                    most = max(most, _moves(placed, pinned, ctx.axes(ctx.ancestors[j] & pending)[0],
+                                            ctx.axes(ctx.descendants[j] & pending)[0]))
         found = most * self.move_price(ctx, done, placed[-1][0]) if most else 0.0
         self._parking[key] = found
         return found
@@ -1721,6 +1736,35 @@ class Search:
                 found.append((j, splits))
         found = self._pinned_splits[ctx] = tuple(found)
         return found
+
+
+def _moves(placed: tuple[tuple[int, int], ...], holders: tuple[tuple[int, int], ...], whole_before: int,
+           whole_after: int) -> int:
+    """The moves around a step (see `Search.parking`) where the mesh axes now on tensor
+    axes `placed` (`(size, tensor axis)` each) have, when it runs, the holders that
+    `holders` gives some of them (`(tensor axis now, holder)` each); the tensor axes a
+    step before it needs whole (`whole_before`) and one after it (`whole_after`) are bit
+    masks.
+
+    A mesh axis on axis 0 goes to axis 2, and one on axis 3, which an earlier step needs
+    whole, goes elsewhere: axes 0 and 3 are sources before the step; axis 2, which a later
+    step needs whole, loses its mesh axis after it:
+
+    >>> _moves(((2, 0), (2, 3)), ((0, 2),), 0b1000, 0b100)
+    3
+    """
+    sources = targets = held = 0
+    for _, a in placed:
+        if whole_before >> a & 1:
+            sources |= 1 << a
+    for a, b in holders:
+        held |= 1 << b
+        if b != a:
+            sources |= 1 << a
+            targets |= 1 << b
+        elif whole_before >> b & 1:
+            targets |= 1 << b
+    return max(sources.bit_count(), targets.bit_count()) + (held & whole_after).bit_count()
 
 
 @functools.lru_cache(maxsize=1 << 14)  # a pure function of small tuples: a bounded memo
