@@ -1787,28 +1787,23 @@ def _fewest_moves(placed: tuple[tuple[int, int], ...], rooms: tuple[float, ...],
     load = [1] * len(rooms)  # the product of the sizes placed on each tensor axis so far
     orders = {a: (a, *(b for b in range(len(rooms)) if b != a)) for _, a in placed}
 
-    def place(k: int, sources: int, targets: int, holders: int) -> None:
+    def place(holders: tuple[tuple[int, int], ...]) -> None:
         nonlocal best
-        # each placement only adds to the three sets: this is a lower bound on every completion
-        moves = max(sources.bit_count(), targets.bit_count()) + (holders & whole_after).bit_count()
+        # each placement only adds moves: the count so far bounds every completion
+        moves = _moves(placed, holders, whole_before, whole_after)
         if moves >= best:
             return
-        if k == len(placed):
+        if len(holders) == len(placed):
             best = moves
             return
-        size, a = placed[k]
+        size, a = placed[len(holders)]
         for b in orders[a]:  # staying first: a cheap placement early prunes the rest
             if load[b] * size < rooms[b]:
                 load[b] *= size
-                gains = 1 << b if b != a or whole_before >> b & 1 else 0
-                place(k + 1, sources | (1 << a if b != a else 0), targets | gains, holders | 1 << b)
+                place(holders + ((a, b),))
                 load[b] //= size
 
-    departures = 0  # the axes split now that a step before needs whole
-    for _, a in placed:
-        if whole_before >> a & 1:
-            departures |= 1 << a
-    place(0, departures, 0, 0)
+    place(())
     return 0 if best == math.inf else best
 
 
