@@ -1189,18 +1189,20 @@ class Search:
         # (size, tensor axis) of each mesh axis in use, the largest first (the most constrained)
         placed = tuple(sorted(((self.mesh_sizes[m], a) for a, axes in enumerate(lay.value) for m in axes
                                if self.mesh_sizes[m] > 1), reverse=True))
+        def whole(j: int) -> tuple[int, int]:  # the tensor axes a pending step before `j` needs whole, and after
+            return ctx.axes(ctx.ancestors[j] & pending)[0], ctx.axes(ctx.descendants[j] & pending)[0]
+
         most = 0
         if placed:
             for j in ctx.crowded(tuple(size for size, _ in placed)):
                 if pending >> j & 1:
-                    most = max(most, _fewest_moves(placed, ctx.rooms(done, j), ctx.axes(ctx.ancestors[j] & pending)[0],
-                                                   ctx.axes(ctx.descendants[j] & pending)[0]))
-            where = {m: a for a, axes in enumerate(lay.value) for m in axes if self.mesh_sizes[m] > 1}
-            for j, splits in self.pinned_splits(ctx):
-                if pending >> j & 1:
-                    pinned = tuple((where[m], b) for b, names, _, _ in splits for m in names if m in where)
-                    most = max(most, _moves(placed, pinned, ctx.axes(ctx.ancestors[j] & pending)[0],
-                                            ctx.axes(ctx.descendants[j] & pending)[0]))
+                    most = max(most, _fewest_moves(placed, ctx.rooms(done, j), *whole(j)))
+            pins = [(j, splits) for j, splits in self.pinned_splits(ctx) if pending >> j & 1]
+            if pins:
+                where = {m: a for a, axes in enumerate(lay.value) for m in axes if self.mesh_sizes[m] > 1}
+                for j, splits in pins:
+                    holders = tuple((where[m], b) for b, names, _, _ in splits for m in names if m in where)
+                    most = max(most, _moves(placed, holders, *whole(j)))
         found = most * self.move_price(ctx, done, placed[-1][0]) if most else 0.0
         self._parking[key] = found
         return found
