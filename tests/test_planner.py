@@ -1174,6 +1174,36 @@ def test_mesh_axes_parted_by_an_fno_layers_modes_are_counted_and_cost_what_the_e
         assert parked == moves * search.move_price(spectral, 0, 2) and parked <= exact[0]
 
 
+@pytest.mark.parametrize("layout, moves", [(((), (), ("a",), ("b",)), 3), (((), (), ("a", "b"), ()), 2)])
+def test_an_fno_layers_mesh_axes_parked_for_its_spectral_weight_are_counted(layout, moves):
+    """An FNO layer at batch 1 on two mesh axes of 2: there is room for both on either
+    grid axis, so none is crowded, but when the spectral weight runs every grid axis is
+    in its modes and waits for its inverse DFT, and the batch axis has no room. From a
+    layout splitting both grid axes, each must give up its mesh axis for its DFT, and
+    wherever they are parked for the weight (both on one axis, fewest) that axis gives
+    them up again: three moves, where the two departures alone give two; from a layout
+    with both on one grid axis, two. The bound in the spectral term (`Search.parking`)
+    counts them, at most what the exhaustive search finds, and the fast search's plan
+    costs what it finds."""
+    op = (spectral_convolution(1, 4, (8, 8), (4, 4), F64, "spectral")
+          + channel_mixing(1, 4, 4, (8, 8), F64, "skip"))
+    mesh = {"a": 2, "b": 2}
+    prog = program(op, op.domain_shape)
+    for cost in (CostModel(), CostModel(training=False)):
+        goal = default_goal(layout, op.range_shape, mesh)
+        exact, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=True)
+        fast, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=False)
+        assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
+        search = Search(mesh, cost, False)
+        root = search.context(prog, prog.shape, prog.dtype.itemsize)
+        j = next(k for k, step in enumerate(root.steps) if step.terms)
+        entry = search.intern(layout)
+        spectral = search.term((root, 1 << j, j, 0, entry, None), 0)
+        assert not spectral.crowded(search.mesh_used)
+        parked = search.parking(spectral, 0, entry)
+        assert parked == moves * search.move_price(spectral, 0, 2) and parked <= exact[0]
+
+
 @pytest.mark.parametrize("layout", [((), (), ("a", "b"), ()), (("a",), (), (), ("b",)), ((), (), ("b",), ("a",))])
 def test_an_fno_layer_with_its_spectral_weight_pinned_counts_the_moves_to_the_pin_and_back(layout):
     """An FNO layer planned again with its spectral weight pinned over its two mode axes

@@ -1163,11 +1163,16 @@ class Search:
         least (`line`'s price of a departure). The bound is the largest over the pending
         steps of
 
-        - where the mesh axes are crowded (`Context.crowded`): the fewest over every way
-          to place the mesh axes in use (a few tensor axes, a few mesh axes: a small
-          search). A 4-D FNO layer whose three split grid axes must make room for its
-          mode-sized axes: two moves more than the axes forced alone counted, each way
-          (a 4-D chain of 4 layers: 145 k states to 26 k);
+        - where the mesh axes are crowded (`Context.crowded`), or at a step with a
+          pointwise weight: the fewest over every way to place the mesh axes in use (a
+          few tensor axes, a few mesh axes: a small search). A 4-D FNO layer whose three
+          split grid axes must make room for its mode-sized axes: two moves more than the
+          axes forced alone counted, each way (a 4-D chain of 4 layers: 145 k states to
+          26 k). At an FNO layer's spectral mixing every grid axis has gone through its
+          DFT and waits for its inverse one: a mesh axis moved off a grid axis for the
+          DFT must park on another grid axis, and move again, unless the batch axis has
+          room (a 4-D layer on mesh axes of 2, 4 and 2: three moves, where the departures
+          counted two; the hard scan 384 k states to 302 k, the seed-0 scan 97 k to 52 k);
         - at a step whose pointwise weight is pinned (a network planned again at another
           batch size), crowded or not: the count for the placement its pin gives the
           mesh axes it names (those in use; the others not counted). An FNO layer must
@@ -1175,9 +1180,8 @@ class Search:
           inverse DFTs (the 4-D `local_kernel` chain pinned at batch 2: 6.9 k states to
           4.4 k)."""
         parks = self._parks.get(ctx)
-        if parks is None:  # none where no step is crowded even with every mesh axis in use, nor pinned
-            parks = not (ctx.psum_steps | ctx.dense | ctx.sums) and bool(
-                ctx.crowded(self.mesh_used) or self.pinned_splits(ctx))
+        if parks is None:  # none where no step is crowded even with every mesh axis in use, nor weighted
+            parks = not (ctx.psum_steps | ctx.dense | ctx.sums) and bool(ctx.crowded(self.mesh_used) or ctx.pointwise)
             self._parks[ctx] = parks
         if not parks:
             return 0.0
@@ -1194,7 +1198,8 @@ class Search:
 
         most = 0
         if placed:
-            for j in ctx.crowded(tuple(size for size, _ in placed)):
+            weighted = {j for j, _ in ctx.pointwise}
+            for j in weighted.union(ctx.crowded(tuple(size for size, _ in placed))):
                 if pending >> j & 1:
                     most = max(most, _fewest_moves(placed, ctx.rooms(done, j), *whole(j)))
             pins = [(j, splits) for j, splits in self.pinned_splits(ctx) if pending >> j & 1]
