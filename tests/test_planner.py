@@ -1124,6 +1124,17 @@ def test_an_fno_symmetric_in_two_grid_axes_costs_what_the_exhaustive_search_find
         assert same_cost(chain_cost(Ds), exact[:3]), (batch, chain_cost(Ds), exact)
 
 
+def _spectral_term(prog, mesh, cost, layout, pins=None):
+    """`(search, its spectral term, the entry)`: a fast search of FNO layer `prog` (a
+    sum, its spectral convolution first) and the context of that term entered from
+    `layout`, to read the bound's parts there."""
+    search = Search(mesh, cost, False, pinned=pins)
+    root = search.context(prog, prog.shape, prog.dtype.itemsize)
+    j = next(k for k, step in enumerate(root.steps) if step.terms)
+    entry = search.intern(layout)
+    return search, search.term((root, 1 << j, j, 0, entry, None), 0), entry
+
+
 @pytest.mark.parametrize("grid, width, layout, training", [
     ((16, 16), 4, ((), (), ("a",), ("b",)), True),
     ((16, 16), 4, ((), ("a",), ("b",), ()), True),
@@ -1165,11 +1176,7 @@ def test_mesh_axes_parted_by_an_fno_layers_modes_are_counted_and_cost_what_the_e
         exact, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=True)
         fast, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=False)
         assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
-        search = Search(mesh, cost, False)
-        root = search.context(prog, prog.shape, prog.dtype.itemsize)
-        j = next(k for k, step in enumerate(root.steps) if step.terms)
-        entry = search.intern(layout)
-        spectral = search.term((root, 1 << j, j, 0, entry, None), 0)
+        search, spectral, entry = _spectral_term(prog, mesh, cost, layout)
         parked = search.parking(spectral, 0, entry)
         assert parked == moves * search.move_price(spectral, 0, 2) and parked <= exact[0]
 
@@ -1194,11 +1201,7 @@ def test_an_fno_layers_mesh_axes_parked_for_its_spectral_weight_are_counted(layo
         exact, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=True)
         fast, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=False)
         assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
-        search = Search(mesh, cost, False)
-        root = search.context(prog, prog.shape, prog.dtype.itemsize)
-        j = next(k for k, step in enumerate(root.steps) if step.terms)
-        entry = search.intern(layout)
-        spectral = search.term((root, 1 << j, j, 0, entry, None), 0)
+        search, spectral, entry = _spectral_term(prog, mesh, cost, layout)
         assert not spectral.crowded(search.mesh_used)
         parked = search.parking(spectral, 0, entry)
         assert parked == moves * search.move_price(spectral, 0, 2) and parked <= exact[0]
@@ -1222,11 +1225,7 @@ def test_an_fno_layer_with_its_spectral_weight_pinned_counts_the_moves_to_the_pi
         exact, _ = Search(mesh, cost, False, exhaustive=True, pinned=pins).run(prog, layout, goal)
         fast, _ = Search(mesh, cost, False, pinned=pins).run(prog, layout, goal)
         assert same_cost(fast, exact), (fast, exact)
-        search = Search(mesh, cost, False, pinned=pins)
-        root = search.context(prog, prog.shape, prog.dtype.itemsize)
-        j = next(k for k, step in enumerate(root.steps) if step.terms)
-        entry = search.intern(layout)
-        spectral = search.term((root, 1 << j, j, 0, entry, None), 0)
+        search, spectral, entry = _spectral_term(prog, mesh, cost, layout, pins)
         parked = search.parking(spectral, 0, entry)
         assert parked == 4 * search.move_price(spectral, 0, 2) and parked <= exact[0]
 
