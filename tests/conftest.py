@@ -2,11 +2,13 @@
 strict dtype promotion so that an accidental upcast fails loudly.
 
 XLA:CPU generates code with LLVM at optimisation level 0, in both passes: the same HLO
-programs (fusions, layouts, collectives) and the same IEEE arithmetic (XLA:CPU uses no
+programs (fusions, layouts, collectives) and the same IEEE operations (XLA:CPU uses no
 fast-math either way), compiled in about 60% of the time, which is most of what the
 suite's many small programs cost (the benchmark smoke test's subprocess inherits it, and
-the multi-process tests' workers are given it). The notebooks and the demo run in
-processes of their own and compile as users do.
+the multi-process tests' workers are given it). Not always the same roundings: about
+half of `jax.random.uniform`'s values differ in the last bit from a default build's
+(the random bits are the same). The notebooks and the demo run in processes of their
+own and compile as users do.
 
 Compiled programs are shared between the tests of one run through JAX's persistent
 compilation cache, in a fresh temporary directory (`PAROP_JAX_CACHE`, set once by the

