@@ -1135,6 +1135,24 @@ def _spectral_term(prog, mesh, cost, layout, pins=None):
     return search, search.term((root, 1 << j, j, 0, entry, None), 0), entry
 
 
+def _check_parking(op, mesh, layout, moves, crowded=None):
+    """For training and for inference: the fast search's plan for FNO layer `op` from
+    `layout` costs what the exhaustive search finds, and the bound in its spectral term
+    (`Search.parking`) counts `moves` moves (priced over the mesh's axes of 2), at most
+    that cost; where `crowded` is given, whether the mesh axes crowd the term."""
+    prog = program(op, op.domain_shape)
+    for cost in (CostModel(), CostModel(training=False)):
+        goal = default_goal(layout, op.range_shape, mesh)
+        exact, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=True)
+        fast, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=False)
+        assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
+        search, spectral, entry = _spectral_term(prog, mesh, cost, layout)
+        if crowded is not None:
+            assert bool(spectral.crowded(search.mesh_used)) == crowded
+        parked = search.parking(spectral, 0, entry)
+        assert parked == moves * search.move_price(spectral, 0, 2) and parked <= exact[0]
+
+
 @pytest.mark.parametrize("grid, width, layout, training", [
     ((16, 16), 4, ((), (), ("a",), ("b",)), True),
     ((16, 16), 4, ((), ("a",), ("b",), ()), True),
@@ -1170,15 +1188,7 @@ def test_mesh_axes_parted_by_an_fno_layers_modes_are_counted_and_cost_what_the_e
     what the exhaustive search finds, and the fast search's plan costs what it finds."""
     op = (spectral_convolution(3, 2, (4, 4), (2, 2), F64, "spectral")
           + channel_mixing(3, 2, 2, (4, 4), F64, "skip"))
-    prog = program(op, op.domain_shape)
-    for cost in (CostModel(), CostModel(training=False)):
-        goal = default_goal(layout, op.range_shape, mesh)
-        exact, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=True)
-        fast, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=False)
-        assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
-        search, spectral, entry = _spectral_term(prog, mesh, cost, layout)
-        parked = search.parking(spectral, 0, entry)
-        assert parked == moves * search.move_price(spectral, 0, 2) and parked <= exact[0]
+    _check_parking(op, mesh, layout, moves)
 
 
 @pytest.mark.parametrize("layout, moves", [(((), (), ("a",), ("b",)), 3), (((), (), ("a", "b"), ()), 2)])
@@ -1194,17 +1204,7 @@ def test_an_fno_layers_mesh_axes_parked_for_its_spectral_weight_are_counted(layo
     costs what it finds."""
     op = (spectral_convolution(1, 4, (8, 8), (4, 4), F64, "spectral")
           + channel_mixing(1, 4, 4, (8, 8), F64, "skip"))
-    mesh = {"a": 2, "b": 2}
-    prog = program(op, op.domain_shape)
-    for cost in (CostModel(), CostModel(training=False)):
-        goal = default_goal(layout, op.range_shape, mesh)
-        exact, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=True)
-        fast, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=False)
-        assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
-        search, spectral, entry = _spectral_term(prog, mesh, cost, layout)
-        assert not spectral.crowded(search.mesh_used)
-        parked = search.parking(spectral, 0, entry)
-        assert parked == moves * search.move_price(spectral, 0, 2) and parked <= exact[0]
+    _check_parking(op, {"a": 2, "b": 2}, layout, moves, crowded=False)
 
 
 @pytest.mark.parametrize("layout", [((), (), ("a", "b"), ()), (("a",), (), (), ("b",)), ((), (), ("b",), ("a",))])
