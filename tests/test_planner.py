@@ -1207,6 +1207,28 @@ def test_an_fno_layers_mesh_axes_parked_for_its_spectral_weight_are_counted(layo
     _check_parking(op, {"a": 2, "b": 2}, layout, moves, crowded=False)
 
 
+@pytest.mark.parametrize("modes, layout, moves", [((4, 1), ((), (), ("a", "b"), ()), 5),
+                                                  ((4, 2), ((), ("a",), ("b",), ()), 4)])
+def test_an_fno_layers_mesh_axes_that_no_one_axis_can_take_are_counted_apart(modes, layout, moves):
+    """An FNO layer at batch 1, width 2, on a grid of 8 x 2 and two mesh axes of 2: only
+    the first grid axis can take both, and its DFT and inverse DFT need it whole.
+
+    - Both on it, 4 x 1 modes: for its DFT they leave it for two axes, by two moves; the
+      spectral weight (the channel axis whole) finds both on it again, as no other axis
+      has room then: a third move; for the inverse DFT they leave for two axes again.
+      Five moves, where the count that takes them as one gives two.
+    - One on the channel axis and one on the first grid axis, 4 x 2 modes: both leave
+      before the weight (two moves); wherever it finds them, on the first grid axis or
+      one on each grid axis, they leave for two axes for the inverse DFTs. Four, not
+      three.
+
+    The bound in the spectral term (`Search.parking`) counts them, at most what the
+    exhaustive search finds, and the fast search's plan costs what it finds."""
+    op = (spectral_convolution(1, 2, (8, 2), modes, F64, "spectral")
+          + channel_mixing(1, 2, 2, (8, 2), F64, "skip"))
+    _check_parking(op, {"a": 2, "b": 2}, layout, moves, crowded=True)
+
+
 @pytest.mark.parametrize("layout", [((), (), ("a", "b"), ()), (("a",), (), (), ("b",)), ((), (), ("b",), ("a",))])
 def test_an_fno_layer_with_its_spectral_weight_pinned_counts_the_moves_to_the_pin_and_back(layout):
     """An FNO layer planned again with its spectral weight pinned over its two mode axes

@@ -4,6 +4,7 @@ the byte counts its lower bounds need (memoised per context)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Iterator
@@ -281,8 +282,8 @@ class Context:
         """Per tensor axis, in fewer than how many pieces it can be split when step `j`
         runs (after `done`): none for an axis `j` needs whole; twice its size for the
         others (a split dividing it, or one that pads it to less than twice its size),
-        its size as `j` takes it, or its size now where no pending step before `j` may
-        resize it (otherwise: any number). Memoised."""
+        its size as `j` takes it, or its largest by then: now, or after a pending step
+        before `j` that resizes it. Memoised."""
         key = ("rooms", done, j)
         found = self._bytes.get(key)
         if found is None:
@@ -293,11 +294,39 @@ class Context:
                     room.append(0)
                 elif b in step.axes:
                     room.append(2 * step.in_sizes[step.axes.index(b)])
-                elif self.resizes[b] & pending & ~self.descendants[j] & ~(1 << j):
-                    room.append(math.inf)
-                else:
-                    room.append(2 * n)
+                else:  # its largest size by then: now, or after a pending step before `j` that resizes it
+                    before = self.resizes[b] & pending & ~self.descendants[j] & ~(1 << j)
+                    room.append(2 * max([n] + [self.steps[i].out_sizes[self.steps[i].axes.index(b)]
+                                                for i in range(len(self.steps)) if before >> i & 1]))
             found = self._bytes[key] = tuple(room)
+        return found
+
+    def spread_before(self, done: int, j: int, a: int, sizes: tuple[int, ...]) -> int:
+        """The fewest other tensor axes that mesh axes of `sizes`, on axis `a` now, must sit
+        on when a pending step before `j` needs `a` whole (`hosts`; 0 where none does).
+        Memoised."""
+        key = ("before", done, j, a, sizes)
+        found = self._bytes.get(key)
+        if found is None:
+            steps = self.needs[a] & self.ancestors[j] & ~done
+            found = self._bytes[key] = max((hosts(sizes, self.rooms(done, k), a) for k in _bits(steps)), default=0)
+        return found
+
+    def spread_after(self, done: int, j: int, sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        """Per tensor axis `b`, per set of mesh axes (a bit mask over `sizes`) that `b` holds
+        when step `j` runs: the fewest other tensor axes they must sit on when a pending
+        step after `j` needs `b` whole (`hosts`; 0 where none does); () where every such set
+        fits on one (so counts nothing a departure does not). Memoised."""
+        key = ("after", done, j, sizes)
+        found = self._bytes.get(key)
+        if found is None:
+            found = []
+            for b in range(len(self.shape)):
+                rooms = [self.rooms(done, k) for k in _bits(self.needs[b] & self.descendants[j] & ~done)]
+                found.append(tuple(max((hosts(tuple(n for i, n in enumerate(sizes) if mask >> i & 1), room, b)
+                                        for room in rooms), default=0)
+                                   for mask in range(1 << len(sizes))) if rooms else ())
+            found = self._bytes[key] = tuple(found) if any(n > 1 for spread in found for n in spread) else ()
         return found
 
     def crowded(self, used: tuple[int, ...]) -> tuple[int, ...]:
@@ -373,6 +402,32 @@ def _axis_roles(step) -> Iterator[tuple[Step, int, Role]]:
     for inner in _line_steps(step):
         for a, role in zip(inner.axes, inner.roles):
             yield inner, a, role
+
+
+@functools.lru_cache(maxsize=1 << 14)  # a pure function of small tuples: a bounded memo
+def hosts(sizes: tuple[int, ...], rooms: tuple[float, ...], away: int) -> int:
+    """The fewest tensor axes other than `away` that mesh axes of `sizes` can sit on, each
+    axis taking some whose sizes multiply to less than its room (`Context.rooms`; all of
+    them where no way fits: then no route does it). Mesh axes of 8 and 2 where no axis has
+    room for 16:
+
+    >>> hosts((2, 8), (14, 16, 16, 16, 0, 16), 4)
+    2
+    """
+    best = len(sizes)
+    for places in itertools.product(range(len(rooms)), repeat=len(sizes)):
+        loads: dict[int, int] = {}
+        for size, b in zip(sizes, places):
+            loads[b] = loads.get(b, 1) * size
+        if away not in loads and len(loads) < best and all(n < rooms[b] for b, n in loads.items()):
+            best = len(loads)
+    return best
+
+
+@functools.lru_cache(maxsize=1 << 12)  # a pure function of a mask: a bounded memo
+def _bits(mask: int) -> tuple[int, ...]:
+    """The set bits of `mask`, least first."""
+    return tuple(i for i in range(mask.bit_length()) if mask >> i & 1)
 
 
 def _fits(sizes: tuple[int, ...], room: list[int]) -> bool:

@@ -1159,6 +1159,17 @@ class Search:
         - *after `j`*: a move with source `b` for each holder `b` that a later step needs
           whole.
 
+        A move has one source and one other target: a tensor axis that is the only source
+        and the only target takes two. And mesh axes that no one tensor axis can take
+        together are parted (`Context.spread_before`, `spread_after`): those on a tensor
+        axis `a` that a step before `j` needs whole sit, when it runs, on `n` other axes,
+        each the target of the last move that brought one of them there: `n` moves before
+        `j`, and one more if `a` holds a mesh axis again at `j`; those on a holder that a
+        later step needs whole, `n` moves after `j` the same way. (A 4-D layer whose
+        mesh axes of 2 and 8 share its largest grid axis: they leave it for its DFT by two
+        moves, and the one of 8 comes back for the spectral weight; the hard scan's
+        slowest chain 55 k states to 30 k.)
+
         The moves before `j` and after it are different moves; each is priced at its
         least (`line`'s price of a departure). The bound is the largest over the pending
         steps of
@@ -1190,24 +1201,30 @@ class Search:
         if found is not None:
             return found
         pending = ~done
-        # (size, tensor axis) of each mesh axis in use, the largest first (the most constrained)
-        placed = tuple(sorted(((self.mesh_sizes[m], a) for a, axes in enumerate(lay.value) for m in axes
-                               if self.mesh_sizes[m] > 1), reverse=True))
-        def whole(j: int) -> tuple[int, int]:  # the tensor axes a pending step before `j` needs whole, and after
-            return ctx.axes(ctx.ancestors[j] & pending)[0], ctx.axes(ctx.descendants[j] & pending)[0]
+        # (size, tensor axis, name) of each mesh axis in use, the largest first (the most constrained)
+        named = sorted(((self.mesh_sizes[m], a, m) for a, axes in enumerate(lay.value) for m in axes
+                        if self.mesh_sizes[m] > 1), reverse=True)
+        placed = tuple((size, a) for size, a, _ in named)
+        sizes = tuple(size for size, _, _ in named)
+
+        def around(j: int) -> tuple:  # the tensor axes a pending step before `j` needs whole, and after; spreads
+            before = ctx.axes(ctx.ancestors[j] & pending)[0]
+            spread = tuple((a, n) for a, axes in enumerate(lay.value) if before >> a & 1 for n in [ctx.spread_before(
+                done, j, a, tuple(sorted(self.mesh_sizes[m] for m in axes if self.mesh_sizes[m] > 1)))] if n > 1)
+            return before, ctx.axes(ctx.descendants[j] & pending)[0], spread, ctx.spread_after(done, j, sizes)
 
         most = 0
         if placed:
             weighted = {j for j, _ in ctx.pointwise}
-            for j in weighted.union(ctx.crowded(tuple(size for size, _ in placed))):
+            for j in weighted.union(ctx.crowded(sizes)):
                 if pending >> j & 1:
-                    most = max(most, _fewest_moves(placed, ctx.rooms(done, j), *whole(j)))
-            pins = [(j, splits) for j, splits in self.pinned_splits(ctx) if pending >> j & 1]
-            if pins:
-                where = {m: a for a, axes in enumerate(lay.value) for m in axes if self.mesh_sizes[m] > 1}
-                for j, splits in pins:
-                    holders = tuple((where[m], b) for b, names, _, _ in splits for m in names if m in where)
-                    most = max(most, _moves(placed, holders, *whole(j)))
+                    most = max(most, _fewest_moves(placed, ctx.rooms(done, j), *around(j)))
+            where = {m: (a, i) for i, (_, a, m) in enumerate(named)}
+            for j, splits in self.pinned_splits(ctx):
+                if pending >> j & 1:
+                    holders = tuple((where[m][0], b, where[m][1]) for b, names, _, _ in splits for m in names
+                                    if m in where)
+                    most = max(most, _moves(placed, holders, *around(j)))
         found = most * self.move_price(ctx, done, placed[-1][0]) if most else 0.0
         self._parking[key] = found
         return found
@@ -1745,43 +1762,61 @@ class Search:
         return found
 
 
-def _moves(placed: tuple[tuple[int, int], ...], holders: tuple[tuple[int, int], ...], whole_before: int,
-           whole_after: int) -> int:
+def _moves(placed: tuple[tuple[int, int], ...], holders: tuple[tuple[int, int, int], ...], whole_before: int,
+           whole_after: int, spread_before: tuple[tuple[int, int], ...] = (), spread_after: tuple = ()) -> int:
     """The moves around a step (see `Search.parking`) where the mesh axes now on tensor
     axes `placed` (`(size, tensor axis)` each) have, when it runs, the holders that
-    `holders` gives some of them (`(tensor axis now, holder)` each); the tensor axes a
-    step before it needs whole (`whole_before`) and one after it (`whole_after`) are bit
-    masks.
+    `holders` gives some of them (`(tensor axis now, holder, index in placed)` each); the
+    tensor axes a step before it needs whole (`whole_before`) and one after it
+    (`whole_after`) are bit masks. `spread_before`: `(a, n)` for each axis of
+    `whole_before` whose mesh axes must sit on `n` other axes when it is whole
+    (`Context.spread_before`); `spread_after`: `Context.spread_after`, or () not to count
+    that.
 
     A mesh axis on axis 0 goes to axis 2, and one on axis 3, which an earlier step needs
     whole, goes elsewhere: axes 0 and 3 are sources before the step; axis 2, which a later
     step needs whole, loses its mesh axis after it:
 
-    >>> _moves(((2, 0), (2, 3)), ((0, 2),), 0b1000, 0b100)
+    >>> _moves(((2, 0), (2, 3)), ((0, 2, 0),), 0b1000, 0b100)
     3
     """
     sources = targets = held = 0
+    loads = [0] * len(spread_after)  # per holder: the mesh axes it holds (a bit mask over `placed`)
     for _, a in placed:
         if whole_before >> a & 1:
             sources |= 1 << a
-    for a, b in holders:
+    for a, b, i in holders:
         held |= 1 << b
+        if spread_after:
+            loads[b] |= 1 << i
         if b != a:
             sources |= 1 << a
             targets |= 1 << b
         elif whole_before >> b & 1:
             targets |= 1 << b
-    return max(sources.bit_count(), targets.bit_count()) + (held & whole_after).bit_count()
+    # a move has one source and one other target: an axis that must both lose and gain takes two
+    before = 2 if sources == targets and sources.bit_count() == 1 else max(sources.bit_count(), targets.bit_count())
+    # `n` moves take the mesh axes of `a` to their `n` tensor axes (one to each) before `a` is whole,
+    # and one more brings `a` what it holds here
+    for a, n in spread_before:
+        before = max(before, n + (targets >> a & 1))
+    leaving = held & whole_after
+    after = leaving.bit_count()
+    if spread_after:
+        for b in _bits(leaving):
+            after = max(after, spread_after[b][loads[b]])
+    return before + after
 
 
 @functools.lru_cache(maxsize=1 << 14)  # a pure function of small tuples: a bounded memo
 def _fewest_moves(placed: tuple[tuple[int, int], ...], rooms: tuple[float, ...], whole_before: int,
-                  whole_after: int) -> int:
+                  whole_after: int, spread_before: tuple[tuple[int, int], ...] = (), spread_after: tuple = ()) -> int:
     """The fewest moves around a step (see `Search.parking`) over every way to place the
     mesh axes `placed` (`(size, tensor axis now)` each) on tensor axes with `rooms` (each
     takes mesh axes whose sizes multiply to less than its room) when it runs; the tensor
     axes a step before it needs whole (`whole_before`) and one after it (`whole_after`) are
-    bit masks. 0 where they cannot be placed (no route runs the step).
+    bit masks; `spread_before` and `spread_after` as for `_moves`. 0 where they cannot be placed (no
+    route runs the step).
 
     Both mesh axes on axis 2, which a step before needs whole and one after too: they
     leave it, the one of 4 comes back (axis 1 has room for the other only), and it
@@ -1794,10 +1829,10 @@ def _fewest_moves(placed: tuple[tuple[int, int], ...], rooms: tuple[float, ...],
     load = [1] * len(rooms)  # the product of the sizes placed on each tensor axis so far
     orders = {a: (a, *(b for b in range(len(rooms)) if b != a)) for _, a in placed}
 
-    def place(holders: tuple[tuple[int, int], ...]) -> None:
+    def place(holders: tuple[tuple[int, int, int], ...]) -> None:
         nonlocal best
         # each placement only adds moves: the count so far bounds every completion
-        moves = _moves(placed, holders, whole_before, whole_after)
+        moves = _moves(placed, holders, whole_before, whole_after, spread_before, spread_after)
         if moves >= best:
             return
         if len(holders) == len(placed):
@@ -1807,7 +1842,7 @@ def _fewest_moves(placed: tuple[tuple[int, int], ...], rooms: tuple[float, ...],
         for b in orders[a]:  # staying first: a cheap placement early prunes the rest
             if load[b] * size < rooms[b]:
                 load[b] *= size
-                place(holders + ((a, b),))
+                place(holders + ((a, b, len(holders)),))
                 load[b] //= size
 
     place(())
