@@ -309,7 +309,7 @@ class Context:
         found = self._bytes.get(key)
         if found is None:
             steps = self.needs[a] & self.ancestors[j] & ~done
-            found = self._bytes[key] = max((hosts(sizes, self.rooms(done, k), a) for k in _bits(steps)), default=0)
+            found = self._bytes[key] = max((hosts(sizes, self.rooms(done, k), a) for k in bits(steps)), default=0)
         return found
 
     def spread_after(self, done: int, j: int, sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
@@ -322,7 +322,7 @@ class Context:
         if found is None:
             found = []
             for b in range(len(self.shape)):
-                rooms = [self.rooms(done, k) for k in _bits(self.needs[b] & self.descendants[j] & ~done)]
+                rooms = [self.rooms(done, k) for k in bits(self.needs[b] & self.descendants[j] & ~done)]
                 found.append(tuple(max((hosts(tuple(n for i, n in enumerate(sizes) if mask >> i & 1), room, b)
                                         for room in rooms), default=0)
                                    for mask in range(1 << len(sizes))) if rooms else ())
@@ -425,8 +425,8 @@ def hosts(sizes: tuple[int, ...], rooms: tuple[float, ...], away: int) -> int:
 
 
 @functools.lru_cache(maxsize=1 << 12)  # a pure function of a mask: a bounded memo
-def _bits(mask: int) -> tuple[int, ...]:
-    """The set bits of `mask`, least first."""
+def bits(mask: int) -> tuple[int, ...]:
+    """The set bits of `mask` (a set of steps or of tensor axes), least first."""
     return tuple(i for i in range(mask.bit_length()) if mask >> i & 1)
 
 

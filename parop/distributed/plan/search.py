@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Mapping, NamedTuple
 
 from ..layout import Layout, layouts
 from .actions import AllToAll, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, mapped_route, runs_as_is
-from .context import Context
+from .context import Context, bits
 from .cost import CostModel
 from .goal import Goal
 from .program import Program, Step
@@ -1577,7 +1577,7 @@ class Search:
         pending = ~done & scope
         needed, summable = ctx.axes(pending)
         summed = departures & summable
-        freed = frozenset(n for a in _bits(summed) for n in place.layout[a])
+        freed = frozenset(n for a in bits(summed) for n in place.layout[a])
         arrivals = []
         if place.wants:
             astray = whole | place.astray
@@ -1589,7 +1589,7 @@ class Search:
                 for b in arrivals:
                     sources = departures & place.sources[b] & ~(1 << b)
                     if sources:
-                        carries[b] = [a for a in _bits(sources) if ctx.meets(done, a, b)]
+                        carries[b] = [a for a in bits(sources) if ctx.meets(done, a, b)]
                 if carries:
                     # matched dearest first (a split, or the least move of b's own), the arrivals left over
                     # are the cheapest such set (see `pins_share`)
@@ -1616,7 +1616,7 @@ class Search:
             total += latency * summed.bit_count()  # summed away
             moving = departures & ~summable
             if moving:
-                smallest = min([place.smallest[a] for a in _bits(moving)])
+                smallest = min([place.smallest[a] for a in bits(moving)])
                 total += self.moves_price(ctx, done, scope, moving, smallest, False)[0]
             if arrivals:
                 total += self.arrivals_price(ctx, done, place, scope, arrivals, whole, freed, bool(summable),
@@ -1640,7 +1640,7 @@ class Search:
             latency = self.cost.latency_bytes
             split = latency if self.cost.training else 0.0
             carried = (smallest - 1) / smallest / self.devices
-            needy = _bits(axes & ctx.axes(~done & scope)[0])
+            needy = bits(axes & ctx.axes(~done & scope)[0])
             sizes = (ctx.arrival_bytes if arriving else ctx.departure_bytes)(done, needy, scope) if needy else []
             sizes = sizes + [ctx.least_bytes(done)] * (axes.bit_count() - len(needy))
             costs = [ways * (latency + size * carried) for size in sizes]
@@ -1723,7 +1723,7 @@ class Search:
             return 0.0
         latency = self.cost.latency_bytes
         extra = sum(self.move_price(ctx, done, n) for _, n in after.values())
-        carriers = {(b, y): [(a, True) for a in _bits(departures) if a != b or not first]
+        carriers = {(b, y): [(a, True) for a in bits(departures) if a != b or not first]
                             + [(a, False) for a, (k, _) in after.items() if (a != b or not first) and k != j]
                     for b, (j, missing) in before.items() for y, first in missing}
         psums = bool(ctx.psum_steps & pending)
@@ -1803,7 +1803,7 @@ def _moves(placed: tuple[tuple[int, int], ...], holders: tuple[tuple[int, int, i
     leaving = held & whole_after
     after = leaving.bit_count()
     if spread_after:
-        for b in _bits(leaving):
+        for b in bits(leaving):
             after = max(after, spread_after[b][loads[b]])
     return before + after
 
@@ -1899,12 +1899,6 @@ def _least_end(ends: Iterator, states: float = math.inf, accepts: Callable[[tupl
     except PlanningError:
         return 0.0
     return math.inf
-
-
-@functools.lru_cache(maxsize=1 << 12)  # a pure function of a mask of tensor axes: a bounded memo
-def _bits(mask: int) -> tuple[int, ...]:
-    """The set bits of `mask` (a set of tensor axes), least first."""
-    return tuple(a for a in range(mask.bit_length()) if mask >> a & 1)
 
 
 def _route(back: dict, state) -> list:
