@@ -297,7 +297,7 @@ class Context:
                 else:  # its largest size by then: now, or after a pending step before `j` that resizes it
                     before = self.resizes[b] & pending & ~self.descendants[j] & ~(1 << j)
                     room.append(2 * max([n] + [self.steps[i].out_sizes[self.steps[i].axes.index(b)]
-                                                for i in range(len(self.steps)) if before >> i & 1]))
+                                                for i in bits(before)]))
             found = self._bytes[key] = tuple(room)
         return found
 

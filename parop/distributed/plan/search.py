@@ -1206,11 +1206,12 @@ class Search:
                         if self.mesh_sizes[m] > 1), reverse=True)
         placed = tuple((size, a) for size, a, _ in named)
         sizes = tuple(size for size, _, _ in named)
+        on = [tuple(sorted(self.mesh_sizes[m] for m in axes if self.mesh_sizes[m] > 1)) for axes in lay.value]
 
         def around(j: int) -> tuple:  # the tensor axes a pending step before `j` needs whole, and after; spreads
             before = ctx.axes(ctx.ancestors[j] & pending)[0]
-            spread = tuple((a, n) for a, axes in enumerate(lay.value) if before >> a & 1 for n in [ctx.spread_before(
-                done, j, a, tuple(sorted(self.mesh_sizes[m] for m in axes if self.mesh_sizes[m] > 1)))] if n > 1)
+            spread = tuple((a, n) for a in bits(before) if on[a]
+                           for n in [ctx.spread_before(done, j, a, on[a])] if n > 1)
             return before, ctx.axes(ctx.descendants[j] & pending)[0], spread, ctx.spread_after(done, j, sizes)
 
         most = 0
@@ -1219,12 +1220,11 @@ class Search:
             for j in weighted.union(ctx.crowded(sizes)):
                 if pending >> j & 1:
                     most = max(most, _fewest_moves(placed, ctx.rooms(done, j), *around(j)))
-            where = {m: (a, i) for i, (_, a, m) in enumerate(named)}
-            for j, splits in self.pinned_splits(ctx):
-                if pending >> j & 1:
-                    holders = tuple((where[m][0], b, where[m][1]) for b, names, _, _ in splits for m in names
-                                    if m in where)
-                    most = max(most, _moves(placed, holders, *around(j)))
+            pins = [(j, splits) for j, splits in self.pinned_splits(ctx) if pending >> j & 1]
+            where = {m: (a, i) for i, (_, a, m) in enumerate(named)} if pins else {}
+            for j, splits in pins:
+                holders = tuple((where[m][0], b, where[m][1]) for b, names, _, _ in splits for m in names if m in where)
+                most = max(most, _moves(placed, holders, *around(j)))
         found = most * self.move_price(ctx, done, placed[-1][0]) if most else 0.0
         self._parking[key] = found
         return found
