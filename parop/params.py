@@ -82,16 +82,19 @@ def named(*roots: Operator) -> tuple[Operator, ...]:
                 counts[prefix] += 1
             counts[prefix] += 1
             copies[id(owner)] = _with_name(owner, name)
+    return tuple(_renamed(root, copies) for root in roots)
 
-    def rename(op: Operator) -> Operator:
-        if not any(leaf.name is None for leaf in occurrences(op)):
-            return op
-        if isinstance(op, Leaf):
-            copy = copies[id(op.leaf)]
-            return copy if op is op.leaf else copy.H
-        return map_children(op, rename)
 
-    return tuple(rename(root) for root in roots)
+def _renamed(op: Operator, copies: dict[int, Leaf]) -> Operator:
+    """`op` with each unnamed leaf replaced by its named copy (`copies`: by the id of the
+    unnamed object; a function of its own, not a closure calling itself: that would be a
+    reference cycle per call, left to the garbage collector)."""
+    if not any(leaf.name is None for leaf in occurrences(op)):
+        return op
+    if isinstance(op, Leaf):
+        copy = copies[id(op.leaf)]
+        return copy if op is op.leaf else copy.H
+    return map_children(op, lambda child: _renamed(child, copies))
 
 
 def _with_name(leaf: Leaf, name: str) -> Leaf:

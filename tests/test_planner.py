@@ -26,6 +26,7 @@ Distributed results are compared with `reference.py`'s dense NumPy matrices.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import math
 import os
@@ -1335,3 +1336,28 @@ def test_an_fno_with_a_local_kernel_plans():
     mesh = AbstractMesh((2, 2, 2), ("a", "b", "c"))
     Ds = model.distribute(P(None, None, "a", "b", "c"), mesh=mesh, batch=2).operators(2)
     assert math.isclose(sum(D.plan.cost[0] for D in Ds), 23089456.0, rel_tol=1e-12)
+
+
+def test_planning_leaves_nothing_for_the_cycle_collector():
+    """The planner's memo tables (millions of small objects on a large network) are
+    freed by reference counting when a plan is made: no reference cycle keeps them for
+    the garbage collector, whose pass over them once cost a tenth of the planning time.
+    Collections during and after planning an FNO chain free only a handful of objects
+    (the code before, closures calling themselves and a search left holding its own
+    exits, left 29,000)."""
+    model = FNO((8, 8, 8), width=4, modes=(4, 4, 4), layers=1, local_kernel=3)
+    mesh = AbstractMesh((2, 2, 2), ("a", "b", "c"))
+    gc.collect()
+    collected = []
+
+    def count(phase, info):
+        if phase == "stop":
+            collected.append(info["collected"])
+
+    gc.callbacks.append(count)
+    try:
+        model.distribute(P(None, None, "a", "b", "c"), mesh=mesh, batch=2).operators(2)
+        gc.collect()
+    finally:
+        gc.callbacks.remove(count)
+    assert sum(collected) < 1000, collected

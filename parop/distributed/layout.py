@@ -9,6 +9,7 @@ replicated. It reads as a `PartitionSpec` (`spec_of`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -47,22 +48,21 @@ def layout_of(spec: PartitionSpec, ndim: int, mesh: Mesh, where: str) -> Layout:
 def layouts(sizes: tuple[int, ...], mesh: list[tuple[str, int]]) -> list[Layout]:
     """Every layout of a tensor of `sizes` that splits it evenly over exactly the mesh axes
     `mesh` (`(name, size)`), in every order."""
-    found = []
+    return list(dict.fromkeys(_placed([() for _ in sizes], list(mesh), sizes, dict(mesh))))
 
-    def place(layout: list, rest: list) -> None:
-        if not rest:
-            found.append(tuple(layout))
-            return
-        for k, (name, size) in enumerate(rest):
-            for a, n in enumerate(sizes):
-                split = math.prod(dict(mesh)[m] for m in layout[a]) * size
-                if n % split == 0:
-                    layout[a] = layout[a] + (name,)
-                    place(layout, rest[:k] + rest[k + 1:])
-                    layout[a] = layout[a][:-1]
 
-    place([() for _ in sizes], list(mesh))
-    return list(dict.fromkeys(found))
+def _placed(layout: list, rest: list, sizes: tuple[int, ...], mesh: dict[str, int]) -> Iterator[Layout]:
+    """The layouts of `layouts` that extend `layout` (a list it changes and restores) with
+    the mesh axes `rest`."""
+    if not rest:
+        yield tuple(layout)
+        return
+    for k, (name, size) in enumerate(rest):
+        for a, n in enumerate(sizes):
+            if n % (math.prod(mesh[m] for m in layout[a]) * size) == 0:
+                layout[a] = layout[a] + (name,)
+                yield from _placed(layout, rest[:k] + rest[k + 1:], sizes, mesh)
+                layout[a] = layout[a][:-1]
 
 
 def pads(n: int, split: int, axes: tuple) -> bool:

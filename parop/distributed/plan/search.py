@@ -152,19 +152,22 @@ def _structure(prog: Program, itemsize: int, pinned: Mapping) -> tuple:
     name (and for a weight, where `pinned` puts it). Two operators of a chain with the
     same structure (a network's identical layers) cost the same between the same
     layouts."""
+    return _steps_structure(prog, pinned), itemsize
 
-    def leaf(x):
-        if x is None:
-            return None
-        fields = tuple(f for f in x._key() if not (isinstance(f, tuple) and f[:1] == ("name",)))
-        return fields, pinned.get(x.name) if x.param_shape is not None else None
 
-    def steps(p: Program):
-        return p.preds, p.shape, tuple(
-            (s.axes, s.in_sizes, s.out_sizes, s.flow, s.in_dtype, s.out_dtype, leaf(s.leaf), s.scalar, s.conj,
-             s.barrier, tuple(steps(t) for t in s.terms)) for s in p.steps)
+def _steps_structure(prog: Program, pinned: Mapping) -> tuple:
+    """`_structure` of `prog` and of its sums' terms, without its itemsize."""
+    return prog.preds, prog.shape, tuple(
+        (s.axes, s.in_sizes, s.out_sizes, s.flow, s.in_dtype, s.out_dtype, _leaf_structure(s.leaf, pinned), s.scalar,
+         s.conj, s.barrier, tuple(_steps_structure(t, pinned) for t in s.terms)) for s in prog.steps)
 
-    return steps(prog), itemsize
+
+def _leaf_structure(leaf, pinned: Mapping) -> tuple | None:
+    """A step's leaf as `_structure` sees it: its fields but its name, and its weight's pin."""
+    if leaf is None:
+        return None
+    fields = tuple(f for f in leaf._key() if not (isinstance(f, tuple) and f[:1] == ("name",)))
+    return fields, pinned.get(leaf.name) if leaf.param_shape is not None else None
 
 
 class Spread(NamedTuple):
@@ -387,8 +390,8 @@ class Search:
             root = self.context(prog, prog.shape, prog.dtype.itemsize if itemsize is None else itemsize)
             return self._run(root, entries, goal)
         finally:
+            self.release()
             if collecting:
-                self.release()
                 gc.enable()
 
     def _run(self, root: Context, entries: list, goal: Goal, after: bool = False):
@@ -1825,28 +1828,30 @@ def _fewest_moves(placed: tuple[tuple[int, int], ...], rooms: tuple[float, ...],
     >>> _fewest_moves(((4, 2), (2, 2)), (0, 4, 8), 0b100, 0b100)
     3
     """
-    best = math.inf
-    load = [1] * len(rooms)  # the product of the sizes placed on each tensor axis so far
     orders = {a: (a, *(b for b in range(len(rooms)) if b != a)) for _, a in placed}
-
-    def place(holders: tuple[tuple[int, int, int], ...]) -> None:
-        nonlocal best
-        # each placement only adds moves: the count so far bounds every completion
-        moves = _moves(placed, holders, whole_before, whole_after, spread_before, spread_after)
-        if moves >= best:
-            return
-        if len(holders) == len(placed):
-            best = moves
-            return
-        size, a = placed[len(holders)]
-        for b in orders[a]:  # staying first: a cheap placement early prunes the rest
-            if load[b] * size < rooms[b]:
-                load[b] *= size
-                place(holders + ((a, b, len(holders)),))
-                load[b] //= size
-
-    place(())
+    best = _fewest_placed((), math.inf, placed, rooms, [1] * len(rooms), orders,
+                          (whole_before, whole_after, spread_before, spread_after))
     return 0 if best == math.inf else best
+
+
+def _fewest_placed(holders: tuple[tuple[int, int, int], ...], best: float, placed: tuple, rooms: tuple,
+                   load: list[int], orders: dict, around: tuple) -> float:
+    """`_fewest_moves` over the placements that extend `holders` (`load`: the product of
+    the sizes placed on each tensor axis so far; `orders`: the tensor axes to try for a
+    mesh axis on each; `around`: `_moves`'s other arguments), or `best` where none has
+    fewer moves (a function of its own, not a closure calling itself: that would be a
+    reference cycle per call, left to the garbage collector)."""
+    # each placement only adds moves: the count so far bounds every completion
+    moves = _moves(placed, holders, *around)
+    if moves >= best or len(holders) == len(placed):
+        return min(moves, best)
+    size, a = placed[len(holders)]
+    for b in orders[a]:  # staying first: a cheap placement early prunes the rest
+        if load[b] * size < rooms[b]:
+            load[b] *= size
+            best = _fewest_placed(holders + ((a, b, len(holders)),), best, placed, rooms, load, orders, around)
+            load[b] //= size
+    return best
 
 
 def _matching(edges: dict) -> dict:
@@ -1854,20 +1859,23 @@ def _matching(edges: dict) -> dict:
     with), as `{b: a}` (augmenting paths)."""
     pair: dict = {}
     owner: dict = {}  # a -> the b paired with it
-
-    def augment(b, seen) -> bool:
-        for a in edges[b]:
-            if a not in seen:
-                seen.add(a)
-                if a not in owner or augment(owner[a], seen):
-                    pair[b], owner[a] = a, b
-                    return True
-        return False
-
     for b, some in edges.items():
         if some:
-            augment(b, set())
+            _augment(b, edges, pair, owner, set())
     return pair
+
+
+def _augment(b, edges: dict, pair: dict, owner: dict, seen: set) -> bool:
+    """Whether an augmenting path from `b` pairs it (`_matching`; a function of its own, not
+    a closure calling itself: that would be a reference cycle per call, left to the
+    garbage collector)."""
+    for a in edges[b]:
+        if a not in seen:
+            seen.add(a)
+            if a not in owner or _augment(owner[a], edges, pair, owner, seen):
+                pair[b], owner[a] = a, b
+                return True
+    return False
 
 
 def _splits_in(place: Placement, b: int, whole: int, freed: frozenset) -> bool:
