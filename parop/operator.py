@@ -362,13 +362,16 @@ def _built(cls, fields) -> Operator:
 def map_children(op: Operator, fn) -> Operator:
     """A copy of the combinator `op` with each child operator `c` replaced by `fn(c)`."""
     fields = op._tree_fields()
+    return _built(type(op), _static(op, fields) + tuple((f, _mapped(getattr(op, f), fn)) for f in fields))
 
-    def mapped(value):
-        if isinstance(value, Operator):
-            return fn(value)
-        return tuple(mapped(v) for v in value) if isinstance(value, tuple) else value
 
-    return _built(type(op), _static(op, fields) + tuple((f, mapped(getattr(op, f))) for f in fields))
+def _mapped(value, fn):
+    """`value` (a child operator, or a tuple of them, nested) with each operator `c` in it
+    replaced by `fn(c)` (a function of its own, not a closure calling itself: that would
+    be a reference cycle per call, left to the garbage collector)."""
+    if isinstance(value, Operator):
+        return fn(value)
+    return tuple(_mapped(v, fn) for v in value) if isinstance(value, tuple) else value
 
 
 def _as_tensor(op: Operator, x):
