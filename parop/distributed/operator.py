@@ -557,19 +557,22 @@ def _summable(ops: tuple[Operator, ...], mesh: Mesh, shard_weights) -> int:
     counts = {math.prod(c) for k in range(len(mesh.shape) + 1)
               for c in itertools.combinations(mesh.shape.values(), k)}
     devices = math.prod(mesh.shape.values())
+    return min(math.prod(_summable_in(program(op, op.domain_shape), counts, devices, shard_weights) for op in ops),
+               devices)
 
-    def of(prog) -> int:
-        total = 1
-        for step in prog.steps:
-            if step.terms:
-                total *= min(of(term) for term in step.terms)
-            elif any(r is Role.REDUCE for r in step.roles):
-                total *= devices
-            elif step.dense and shard_weights:
-                total *= max(q for q in counts if step.in_sizes[0] % q == 0)
-        return min(total, devices)
 
-    return min(math.prod(of(program(op, op.domain_shape)) for op in ops), devices)
+def _summable_in(prog, counts: set[int], devices: int, shard_weights) -> int:
+    """`_summable` of one program (a function of its own, not a closure calling itself:
+    that would be a reference cycle per call, left to the garbage collector)."""
+    total = 1
+    for step in prog.steps:
+        if step.terms:
+            total *= min(_summable_in(term, counts, devices, shard_weights) for term in step.terms)
+        elif any(r is Role.REDUCE for r in step.roles):
+            total *= devices
+        elif step.dense and shard_weights:
+            total *= max(q for q in counts if step.in_sizes[0] % q == 0)
+    return min(total, devices)
 
 
 def _summing_limit(summable: int) -> str:
