@@ -1361,3 +1361,36 @@ def test_planning_leaves_nothing_for_the_cycle_collector():
     finally:
         gc.callbacks.remove(count)
     assert sum(collected) < 1000, collected
+
+
+def test_sum_terms_bounds_are_shared_between_symmetric_layouts():
+    """A sum's later terms are bounded by small searches of their own (`term_bound`, to
+    a known exit or anywhere; `departing`, to any other layout), shared by the searches
+    of one plan between pairs of layouts alike up to renaming mesh axes of equal size and
+    permuting the term's own tensor axes (`Search.term_class`). Each shared bound equals
+    the one a fresh search computes for that very pair, and the sharing saves searches:
+    an FNO layer's skip `Matrix` and local convolution, from and to layouts over two mesh
+    axes of 2."""
+    rng = np.random.default_rng(0)
+    mesh = {"a": 2, "b": 2}
+    layer = (spectral_convolution(2, 2, (4, 4, 4), (2, 2, 2), jnp.float32, "s")
+             + channel_mixing(2, 2, 2, (4, 4, 4), jnp.float32, "k")
+             + local_convolution(2, 2, (4, 4, 4), 3, jnp.float32, "c"))
+    prog = program(layer, layer.domain_shape)
+    every = layouts(prog.shape, list(mesh.items()))
+    pairs = [(every[i], every[k]) for i, k in rng.integers(len(every), size=(int(60 * SCALE), 2))]
+    shared = Search(mesh, CostModel(), False)
+    root = shared.context(prog, prog.shape, prog.dtype.itemsize)
+    j = next(k for k, step in enumerate(root.steps) if step.terms)
+    for entry, exit_ in pairs:
+        for t in (1, 2):
+            alone = Search(mesh, CostModel(), False)
+            alone_root = alone.context(prog, prog.shape, prog.dtype.itemsize)
+            pair = []
+            for search, at in ((shared, root), (alone, alone_root)):
+                lay = search.intern(entry)
+                term = search.term((at, 1 << j, j, 0, lay, None), t)
+                pair.append((search.term_bound(term, lay, Goal.layout(exit_)), search.term_bound(term, lay, None),
+                             search.departing(term, lay)))
+            assert pair[0] == pair[1], (entry, exit_, t, pair)
+    assert len(shared.tables.terms) < 3 * len(pairs), len(shared.tables.terms)

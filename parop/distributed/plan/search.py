@@ -264,6 +264,7 @@ class Tables:
         self.moves: dict = {}  # (sizes, itemsize, layout, step or None, its pinned weight) -> moves
         self.placements: dict = {}  # (layout, goal) -> Placement; layout -> Spread; goal -> Wish
         self.prices: dict = {}  # (context, done, scope, tensor axes, ...) -> `Search.moves_price`
+        self.terms: dict = {}  # a sum's term's class (`Search.term_class`) -> its `term_bound` or `departing`
 
 
 class Search:
@@ -311,6 +312,8 @@ class Search:
         self._rests: dict = {}
         self._boundaries: dict = {}
         self._canonical: dict = {}
+        self._classes: dict = {}
+        self._term_shapes: dict = {}
         self._pinning: dict = {}
         self._pins: dict = {}
         self._pinned_splits: dict = {}
@@ -691,15 +694,16 @@ class Search:
         """A lower bound on a sum's term from the sum's entry layout `lay` to an end in
         another layout (moves after its steps included, padded ends allowed): its `line`,
         or a search of its own, stopped after `LEAVING_STATES` states at the least key
-        still open (no end not popped costs less) (memoised)."""
+        still open (no end not popped costs less) (memoised, by `term_class`)."""
         key = (term, lay)
         found = self._departing.get(key)
         if found is None:
-            if self._term_search is None:
-                self._term_search = self.sub(self.pinned)
-            ends = self._term_search.explore(term, [lay.value], Goal.any(), before=True, padded=True)
-            least = _least_end(ends, LEAVING_STATES, lambda state: state[3] is not lay)
-            found = self._departing[key] = max(least, self.line(term, 0, lay, None))
+            def search() -> float:
+                ends = self.term_search().explore(term, [lay.value], Goal.any(), before=True, padded=True)
+                return max(_least_end(ends, LEAVING_STATES, lambda state: state[3] is not lay),
+                           self.line(term, 0, lay, None))
+
+            found = self._departing[key] = self.shared("departing", term, lay, None, search)
         return found
 
     def least_move(self, ctx: Context, done: int, lay: Interned) -> float:
@@ -1048,21 +1052,80 @@ class Search:
     def term_bound(self, term: Context, entry: Interned, ends: Goal | None) -> float:
         """A lower bound on a sum's term from the sum's entry layout to its exit (`ends`;
         None: not known yet): `line`, or the least cost of the term alone, a search of its
-        own (memoised; it counts what `line` does not, such as halo exchanges)."""
+        own (memoised, by `term_class`; it counts what `line` does not, such as halo
+        exchanges)."""
         key = (term, entry, ends)
         found = self._term_bounds.get(key)
         if found is None:
-            if self._term_search is None:
-                self._term_search = self.sub(self.pinned)
-            search, least = self._term_search, 0.0
-            try:
-                for cost, state, _, _ in search.explore(term, [entry.value], ends or Goal.any(), padded=True):
-                    if state is not None:
-                        least = cost[0]
-                        break
-            except PlanningError:
-                pass
-            found = self._term_bounds[key] = max(self.line(term, 0, entry, ends), least)
+            def search() -> float:
+                least = 0.0
+                try:
+                    for cost, state, _, _ in self.term_search().explore(term, [entry.value], ends or Goal.any(),
+                                                                        padded=True):
+                        if state is not None:
+                            least = cost[0]
+                            break
+                except PlanningError:
+                    pass
+                return max(self.line(term, 0, entry, ends), least)
+
+            found = self._term_bounds[key] = self.shared("bound", term, entry, ends, search)
+        return found
+
+    def term_search(self) -> "Search":
+        """The search every term's bound runs (they share its tables)."""
+        if self._term_search is None:
+            self._term_search = self.sub(self.pinned)
+        return self._term_search
+
+    def shared(self, kind: str, term: Context, entry: Interned, ends: Goal | None,
+               search: Callable[[], float]) -> float:
+        """A bound of `kind` on `term` (`search()`), computed once per `term_class` for the
+        searches of one plan."""
+        key = self.term_class(kind, term, entry, ends)
+        found = self.tables.terms.get(key)
+        if found is None:
+            found = self.tables.terms[key] = search()
+        return found
+
+    def term_class(self, kind: str, term: Context, entry: Interned, ends: Goal | None) -> tuple:
+        """The key under which a bound of `kind` on `term` from the sum's `entry` layout to
+        `ends` (an exact layout, or None: anywhere) is shared by the searches of one plan
+        (`Tables.terms`): the term's structure (which weights are pinned, not their
+        names), where its pins split its weights, and the pair of layouts, each up to the
+        symmetries of `canonical` (mesh axes of equal size renamed, the term's own
+        `automorphisms`). A term costs the same from layout `L` to `X`, its weights
+        pinned at `P`, as from `g(L)` to `g(X)` pinned at `g(P)`; so the skip `Matrix` and
+        local convolution of a layer are searched once per class of hand-over layouts,
+        and alike layers share them (the 8³ `local_kernel` chain pinned at batch 8: 907
+        such searches -> 163)."""
+        found = self._term_shapes.get(id(term.prog))
+        if found is None:
+            prog, pins = term.prog, self.pins(term.prog)
+            pinned = {name: True for name, _ in pins}
+            found = self._term_shapes[id(prog)] = (prog, _structure(prog, term.itemsize(0), pinned),
+                                                   automorphisms(prog), pins)
+        _, structure, autos, pins = found
+        lay, symmetries, moved = self.classes(entry, pins, autos)
+        if ends is None:
+            exit_ = None
+        elif ends.exact:
+            exit_ = min(move(ends.prefixes, names, perm) for names, perm in symmetries)
+        else:
+            exit_ = ends  # not a layout: not mapped
+        return kind, structure, tuple(spec for _, spec in moved), lay, exit_
+
+    def classes(self, lay: Interned, pins: tuple, autos: tuple) -> tuple[Layout, tuple, tuple]:
+        """`(g(lay), every such g as (names, perm), g(pins))` for the symmetries `g` of
+        `canonical` that give the least image of `(pins, lay)` (memoised): the
+        stabiliser, which maps a second layout to its least image in the pair's class."""
+        key = (lay, pins, autos)
+        found = self._classes.get(key)
+        if found is None:
+            moved, symmetries = self.pinning(pins, autos, len(lay.value))
+            images = [(move(lay.value, names, perm), (names, perm)) for names, perm, _ in symmetries]
+            least = min(value for value, _ in images)
+            found = self._classes[key] = (least, tuple(g for value, g in images if value == least), moved)
         return found
 
     def chain_line(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
