@@ -311,7 +311,6 @@ class Search:
         self._exits: dict = {}
         self._rests: dict = {}
         self._boundaries: dict = {}
-        self._canonical: dict = {}
         self._classes: dict = {}
         self._term_shapes: dict = {}
         self._pinning: dict = {}
@@ -732,20 +731,26 @@ class Search:
 
     def canonical(self, lay: Interned, pins: tuple = (), autos: tuple = ()) -> tuple[Interned, tuple, tuple]:
         """`(g(lay), g⁻¹, g(pins))` for the symmetry `g` that gives the least `(g(pins), g(lay))`:
-        one representative per class of (layout, pins) alike up to a symmetry (memoised).
-        The symmetries: renamings of mesh axes of equal size, each with each of `autos` (the
-        program's `automorphisms`; none: the identity alone), pins renamed and moved along
-        (`pins`: `(name, layout)` of pinned weights). `g⁻¹` is `(names, perm)` for `_move`."""
+        one representative per class of (layout, pins) alike up to a symmetry (the first
+        such `g` of `classes`). The symmetries: renamings of mesh axes of equal size, each
+        with each of `autos` (the program's `automorphisms`; none: the identity alone),
+        pins renamed and moved along (`pins`: `(name, layout)` of pinned weights). `g⁻¹` is
+        `(names, perm)` for `_move`."""
+        least, symmetries, moved = self.classes(lay, pins, autos)
+        return self.intern(least), symmetries[0][2], moved
+
+    def classes(self, lay: Interned, pins: tuple, autos: tuple) -> tuple[Layout, tuple, tuple]:
+        """`(g(lay), every such g as (names, perm, g⁻¹), g(pins))` for the symmetries `g` of
+        `canonical` that give the least image of `(pins, lay)`, in `pinning`'s order
+        (memoised): the stabiliser, which maps a second layout to its least image in the
+        pair's class (`term_class`)."""
         key = (lay, pins, autos)
-        found = self._canonical.get(key)
+        found = self._classes.get(key)
         if found is None:
             moved, symmetries = self.pinning(pins, autos, len(lay.value))
-            best = None
-            for names, perm, back in symmetries:
-                value = move(lay.value, names, perm)
-                if best is None or value < best[0]:
-                    best = (value, back)
-            found = self._canonical[key] = (self.intern(best[0]), best[1], moved)
+            images = [(move(lay.value, names, perm), (names, perm, back)) for names, perm, back in symmetries]
+            least = min(value for value, _ in images)
+            found = self._classes[key] = (least, tuple(g for value, g in images if value == least), moved)
         return found
 
     def pinning(self, pins: tuple, autos: tuple, rank: int) -> tuple[tuple, list]:
@@ -1106,27 +1111,11 @@ class Search:
             found = self._term_shapes[id(prog)] = (prog, _structure(prog, term.itemsize(0), pinned),
                                                    automorphisms(prog), pins)
         _, structure, autos, pins = found
+        if ends is not None and not ends.exact:  # a goal that is not one layout: not mapped, so not shared
+            return kind, structure, pins, entry.value, ends
         lay, symmetries, moved = self.classes(entry, pins, autos)
-        if ends is None:
-            exit_ = None
-        elif ends.exact:
-            exit_ = min(move(ends.prefixes, names, perm) for names, perm in symmetries)
-        else:
-            exit_ = ends  # not a layout: not mapped
+        exit_ = None if ends is None else min(move(ends.prefixes, names, perm) for names, perm, _ in symmetries)
         return kind, structure, tuple(spec for _, spec in moved), lay, exit_
-
-    def classes(self, lay: Interned, pins: tuple, autos: tuple) -> tuple[Layout, tuple, tuple]:
-        """`(g(lay), every such g as (names, perm), g(pins))` for the symmetries `g` of
-        `canonical` that give the least image of `(pins, lay)` (memoised): the
-        stabiliser, which maps a second layout to its least image in the pair's class."""
-        key = (lay, pins, autos)
-        found = self._classes.get(key)
-        if found is None:
-            moved, symmetries = self.pinning(pins, autos, len(lay.value))
-            images = [(move(lay.value, names, perm), (names, perm)) for names, perm, _ in symmetries]
-            least = min(value for value, _ in images)
-            found = self._classes[key] = (least, tuple(g for value, g in images if value == least), moved)
-        return found
 
     def chain_line(self, ctx: Context, done: int, lay: Interned, goal: Goal) -> float:
         """`segment_line` plus `later`."""
