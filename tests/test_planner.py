@@ -1100,6 +1100,39 @@ def test_an_fno_planned_for_another_batch_size_costs_what_the_exhaustive_search_
     assert same_cost(chain_cost(Ds), exact[:3]), (chain_cost(Ds), exact)
 
 
+@pytest.mark.parametrize("grid, modes", [((4, 4), (2, 2)), ((8, 4), (4, 2))])
+@pytest.mark.parametrize("spec", [P(None, None, "a", "b"), P(None, None, ("a", "b"), None)])
+@pytest.mark.parametrize("kernel", [None, 3])
+@pytest.mark.parametrize("batch", [2, 4])
+def test_a_network_of_one_layer_planned_again_is_searched_whole_at_the_exhaustive_cost(grid, modes, spec, kernel, batch,
+                                                                                      monkeypatch):
+    """A network of one layer planned again at another batch size (every weight pinned by
+    the batch-1 plan, no two operators alike) is searched whole, not by the chain's
+    dynamic programming: its bound counts the moves the projections make to the output's
+    layout from wherever the layer ends (`Search.tails`). It costs what the exhaustive
+    search finds. (A move to an unpadded layout right after a hand-over may not be
+    dropped there as the dynamic programming drops it: the barrier runs as soon as the
+    layout is unpadded, so no move can come before it.)"""
+    model = FNO(grid, width=2, modes=modes, layers=1, projection=2, local_kernel=kernel)
+    mesh = AbstractMesh((2, 2), ("a", "b"))
+    dist = model.distribute(spec, mesh=mesh, batch=1)
+    pins = {name: layout_of(placed, len(dist.parameters[name].param_shape), mesh, "pins")
+            for name, placed in dist.weights.items()}
+    ops = named(*FNO._build(dist, batch))
+    prog = chain(ops, ops[0].domain_shape)
+    fast = Search(dict(mesh.shape), CostModel(), False, pinned=pins)
+    assert fast.whole(fast.context(prog, prog.shape, prog.dtype.itemsize))
+    onward = Search.onward
+    counted = []
+    monkeypatch.setattr(Search, "onward", lambda self, *args: counted.append(onward(self, *args)) or counted[-1])
+    Ds = dist.operators(batch)
+    assert any(counted)
+    goal = default_goal(Ds[0].plan.in_layout, ops[-1].range_shape, dict(mesh.shape))
+    exact, _ = Search(dict(mesh.shape), Ds[0].cost, False, exhaustive=True, pinned=pins).run(
+        prog, Ds[0].plan.in_layout, goal)
+    assert same_cost(chain_cost(Ds), exact[:3]), (chain_cost(Ds), exact)
+
+
 def test_an_fno_symmetric_in_two_grid_axes_costs_what_the_exhaustive_search_finds():
     """A 3-D FNO whose layers are alike under swapping the first two grid axes (the real
     DFT's axis is the third): the planner searches a layer's exits once per class of
