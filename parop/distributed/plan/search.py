@@ -38,7 +38,7 @@ MAX_STATES = 200_000
 LEAVING_STATES = 256  # the most states `Search.leaving` searches a term for
 ALONE_STATES = 1_000  # the most states `Search.entry_bound` searches an operator unlike the chain's others for
 BOUNDARY_STATES = 1_000  # the most states each search of `Search.boundary` runs
-PLACEMENTS = 4_096  # the most layouts `Search.tails` tries
+PLACEMENTS = 4_096  # the most layouts `Search.onward` tries
 
 
 class PlanningError(ValueError):
@@ -1187,8 +1187,8 @@ class Search:
         entry's mesh axes that far from it (memoised; () where the program's rest does not
         depend on the layout: no operator after this one, and no goal). A network's layer
         that ends elsewhere than it started: its projection pays the moves to the
-        output's layout from there (in its one-layer chain planned again, 18.6 k states to
-        4.4 k)."""
+        output's layout from there (the 8³ one-layer chain planned again at batch 8,
+        searched whole: 10.2 k states to 4.4 k)."""
         key = (ctx, done, entry, goal)
         found = self._tails.get(key)
         if found is None:
