@@ -311,6 +311,41 @@ def test_the_fast_search_with_pinned_weights_is_as_cheap_as_the_exhaustive_searc
     assert compared >= 0.8 * PINNED_CASES and planned >= 0.3 * compared, (compared, planned)
 
 
+WHOLE_CASES = int(120 * SCALE)
+
+
+def test_a_chain_with_every_weight_pinned_is_searched_whole_at_the_exhaustive_cost():
+    """Random chains of two or three operators (as in the sweep above) with every weight
+    pinned: each pointwise one at random (`random_pins`), each dense `Matrix`
+    replicated, as a network planned again at another batch size pins them. Where no two
+    operators are alike the fast search runs the whole chain as one program
+    (`Search.whole`), its bound looking past each hand-over; its cost still equals the
+    exhaustive search's, or both find no plan."""
+    def cases():
+        for i in range(WHOLE_CASES):
+            rng = np.random.default_rng([2028, i])
+            ops = _chain(rng)
+            shape = ops[0].domain_shape + ((int(rng.choice(SIZES)),) if rng.random() < 0.5 else ())
+            mesh = MESHES[int(rng.integers(len(MESHES)))]
+            layout = random_layout(rng, shape, mesh)
+            cost = CostModel(latency_bytes=LATENCIES[int(rng.integers(3))], training=bool(rng.random() < 0.5))
+            shard = ["auto", True, False][int(rng.integers(3))]
+            goal = random_goal(rng, layout, ops[-1].range_shape + shape[len(ops[0].domain_shape):], mesh)
+            prog = chain(ops, shape)
+            pins = {**{step.leaf.name: ((),) * len(step.leaf.param_shape) for step in prog.all_steps()
+                       if step.weighted and step.dense}, **random_pins(rng, prog, mesh)}
+            search = Search(mesh, cost, shard, pinned=pins)
+            if search.whole(search.context(prog, prog.shape, prog.dtype.itemsize)):
+                whole.append(i)
+                yield i, ops, shape, mesh, layout, cost, shard, goal, pins
+
+    whole = []
+    compared, planned, wrong = pinned_sweep(cases())
+    assert not wrong, f"{len(wrong)} of {compared} cases differ:\n" + "\n".join(wrong)
+    assert len(whole) >= 0.5 * WHOLE_CASES and compared >= 0.8 * len(whole) and planned >= 0.3 * compared, (
+        len(whole), compared, planned)
+
+
 def test_a_pin_whose_first_mesh_axis_is_free_costs_what_the_exhaustive_search_finds():
     """A weight pinned over ("a", "b", "c") on one axis, after a `Reduce` whose psum frees
     "a": the pin's missing adjacencies are "a" first (a split, free when not training) and
