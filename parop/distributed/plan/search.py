@@ -1042,10 +1042,11 @@ class Search:
                     prices = [self.move_price(term, 0, min(self.mesh_used)) for term in terms]
                     apart = [sum(max(least, d * price) for least, price in zip(leaving, prices))
                              for d in range(1, len(self.mesh_used) + 1)]
-                    if later is not None:  # and the program on from the exit `d` moves away
-                        least = self.later(parent, after & ~(1 << j), entry, goal)
+                    if later is not None:  # and the program on from an exit `d` moves away: at least the
+                        # chain's later operators from the mesh axes in use (`later`), or `tails` where more
+                        floor = self.later(parent, after & ~(1 << j), entry, goal)
                         tails = self.tails(parent, after, entry, goal)
-                        apart = [others + max((least, *tails[d - 1:d])) for d, others in enumerate(apart, 1)]
+                        apart = [others + max((floor, *tails[d - 1:d])) for d, others in enumerate(apart, 1)]
                     moves = (entry, tuple(apart))
                 # ending where it started, the program goes on from the entry layout (a padded one unpads there):
                 # this operator's rest, and the chain's on from there (`chain_line`) where that is more
