@@ -1051,9 +1051,9 @@ class Search:
                 # ending where it started, the program goes on from the entry layout (a padded one unpads there):
                 # this operator's rest, and the chain's on from there (`chain_line`) where that is more
                 staying = sum(max(self.line(term, 0, entry, back), self.term_bound(term, entry, None)) for term in terms)
-                onward = ((self.segment_line(parent, after, entry, goal), self.chain_line(parent, after, entry, goal))
-                          if top else (0.0, 0.0))
-                forked = (back, staying, onward, sum(leaving), moves)
+                from_entry = ((self.segment_line(parent, after, entry, goal), self.chain_line(parent, after, entry, goal))
+                              if top else (0.0, 0.0))
+                forked = (back, staying, from_entry, sum(leaving), moves)
             found = self._frame_bounds[fr, goal, loose] = (rest, later, ends if k > 0 else None, k == 0 and last,
                                                            forked)
         rest, later, ends, last, forked = found
@@ -1071,9 +1071,9 @@ class Search:
                 lines[ends] = here
         if fork and forked is not None:
             # the sum ends where it started, or every later term leaves that layout
-            back, staying, (own, onward), leaving, moves = forked
+            back, staying, (own, chained), leaving, moves = forked
             later = later or 0.0
-            staying += max(own + later, onward)
+            staying += max(own + later, chained)
             stay, leaving = here, leaving + here + later
             if moves is not None:
                 stay, leaving = self.regrouping(ctx, done, lay, here, stay, leaving, *moves)
@@ -1193,7 +1193,7 @@ class Search:
         key = (ctx, done, entry, goal)
         found = self._tails.get(key)
         if found is None:
-            names = tuple(m for axes in entry.value for m in axes)
+            names = tuple(sorted(m for axes in entry.value for m in axes))  # a set: its order places nothing
             onward, pairs = self.onward(ctx, done, names, goal), self.adjacencies(entry)
             least = [math.inf] * len(names) if onward else []
             for adjacent, cost in onward:
