@@ -73,6 +73,38 @@ def test_distributed_fno_equals_serial(grid, modes, partition, batch):
         np.testing.assert_allclose(d, g, rtol=1e-3, atol=1e-4 * np.abs(g).max(), err_msg=(partition, name))
 
 
+@pytest.mark.parametrize("local_kernel", [None, pytest.param(3, marks=pytest.mark.long)])
+def test_a_network_of_one_layer_planned_again_is_the_serial_network(local_kernel, monkeypatch):
+    """A one-layer network planned for one sample, then applied to four: the second plan
+    (every weight pinned where the first put it) is searched whole, not operator by
+    operator (`Search.whole`). In float64, its output, loss and every gradient (the
+    plan's transpose) equal the serial model's."""
+    from parop.distributed.plan.search import Search
+
+    model = FNO((8, 8), width=4, modes=(4, 4), layers=1, projection=8, dtype=jnp.float64, local_kernel=local_kernel)
+    θ = model.init(jax.random.key(0))
+    a, u = (x.astype(jnp.float64) for x in inputs(model, 4))
+    dist = model.distribute((1, 1, 2, 2), batch=1)
+    θd = dist.init(jax.random.key(0))
+    whole, searched = Search.whole, []
+
+    def counted(self, root):
+        searched.append(whole(self, root))
+        return searched[-1]
+
+    monkeypatch.setattr(Search, "whole", counted)
+    loss = lambda m: jax.jit(jax.value_and_grad(lambda θ: relative_l2(m.apply(θ, a), u)))  # noqa: E731
+    np.testing.assert_allclose(np.asarray(jax.jit(dist.apply)(θd, a)), np.asarray(jax.jit(model.apply)(θ, a)),
+                               rtol=1e-10, atol=1e-12)
+    assert any(searched)  # the batch-4 chain was searched whole
+    (value, grads), (dvalue, dgrads) = loss(model)(θ), loss(dist)(θd)
+    np.testing.assert_allclose(float(dvalue), float(value), rtol=1e-12)
+    assert set(grads) == set(dgrads)
+    for name in grads:
+        g = np.asarray(grads[name])
+        np.testing.assert_allclose(np.asarray(dgrads[name]), g, rtol=1e-9, atol=1e-11 * np.abs(g).max(), err_msg=name)
+
+
 def hlo_counts(D) -> dict[str, int]:
     run, specs = D.program(())
     x = jnp.zeros(D.domain_shape, D.dtype)
