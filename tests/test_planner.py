@@ -1213,11 +1213,12 @@ def _spectral_term(prog, mesh, cost, layout, pins=None):
     return search, search.term((root, 1 << j, j, 0, entry, None), 0), entry
 
 
-def _check_parking(op, mesh, layout, moves, crowded=None):
+def _check_parking(op, mesh, layout, moves, crowded=None, gradient=False):
     """For training and for inference: the fast search's plan for FNO layer `op` from
     `layout` costs what the exhaustive search finds, and the bound in its spectral term
-    (`Search.parking`) counts `moves` moves (priced over the mesh's axes of 2), at most
-    that cost; where `crowded` is given, whether the mesh axes crowd the term."""
+    (`Search.parking`) counts `moves` moves (priced over the mesh's axes of 2), and where
+    `gradient` and training the spectral weight's gradient collective (one latency), at
+    most that cost; where `crowded` is given, whether the mesh axes crowd the term."""
     prog = program(op, op.domain_shape)
     for cost in (CostModel(), CostModel(training=False)):
         goal = default_goal(layout, op.range_shape, mesh)
@@ -1228,7 +1229,8 @@ def _check_parking(op, mesh, layout, moves, crowded=None):
         if crowded is not None:
             assert bool(spectral.crowded(search.mesh_used)) == crowded
         parked = search.parking(spectral, 0, entry)
-        assert parked == moves * search.move_price(spectral, 0, 2) and parked <= exact[0]
+        weight = cost.latency_bytes if gradient and cost.training else 0.0
+        assert parked == moves * search.move_price(spectral, 0, 2) + weight and parked <= exact[0]
 
 
 @pytest.mark.parametrize("grid, width, layout, training", [
@@ -1262,27 +1264,55 @@ def test_mesh_axes_parted_by_an_fno_layers_modes_are_counted_and_cost_what_the_e
     (the channel axis whole), no tensor axis can hold all the mesh axes, and the mode
     axes, which the inverse DFTs need whole again, can hold only the smaller ones. The
     bound in its spectral term (`Search.parking`) counts the fewest moves over every
-    placement of the mesh axes there (more than the axes forced alone give), at most
-    what the exhaustive search finds, and the fast search's plan costs what it finds."""
+    placement of the mesh axes there (more than the axes forced alone give), and, as
+    the mode axes cannot take the mesh axis of 4, the spectral weight's gradient
+    collective (`Search.uneven`), at most what the exhaustive search finds, and the fast
+    search's plan costs what it finds."""
     op = (spectral_convolution(3, 2, (4, 4), (2, 2), F64, "spectral")
           + channel_mixing(3, 2, 2, (4, 4), F64, "skip"))
-    _check_parking(op, mesh, layout, moves)
+    _check_parking(op, mesh, layout, moves, gradient=True)
 
 
-@pytest.mark.parametrize("layout, moves", [(((), (), ("a",), ("b",)), 3), (((), (), ("a", "b"), ()), 2)])
-def test_an_fno_layers_mesh_axes_parked_for_its_spectral_weight_are_counted(layout, moves):
+@pytest.mark.parametrize("mesh, uneven", [({"a": 4, "b": 2}, True), ({"a": 2, "b": 2}, False)])
+def test_a_spectral_weight_whose_modes_no_mesh_axis_fits_counts_its_gradients_collective(mesh, uneven):
+    """An FNO layer at batch 3 on a 4 x 4 grid with 2 x 2 modes: when its spectral weight
+    runs, a mesh axis of 4 splits no mode axis evenly, so wherever it is then, the
+    weight's gradient is all-reduced (it splits an axis the weight does not run along)
+    or gathered (it pads a mode axis): `line` counts that collective (`Search.uneven`)
+    from anywhere before the weight; mesh axes of 2 fit. Planned for training, the fast
+    search's plan costs what the exhaustive search finds, and its bound at the start no
+    more."""
+    op = (spectral_convolution(3, 2, (4, 4), (2, 2), F64, "spectral")
+          + channel_mixing(3, 2, 2, (4, 4), F64, "skip"))
+    prog, layout, cost = program(op, op.domain_shape), ((), (), ("a",), ("b",)), CostModel()
+    search, spectral, entry = _spectral_term(prog, mesh, cost, layout)
+    assert search.uneven(spectral, spectral.full, search.placement(entry, None)) == uneven
+    goal = default_goal(layout, op.range_shape, mesh)
+    exact, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=True)
+    fast, _ = searched(prog, mesh, layout, cost, False, goal, exhaustive=False)
+    assert not isinstance(exact, str) and same_cost(fast, exact), (fast, exact)
+    root = search.context(prog, prog.shape, prog.dtype.itemsize)
+    assert search.bound(search.settle((None, root, 0, entry))[0], goal) <= exact[0]
+
+
+@pytest.mark.parametrize("layout, moves, gradient", [(((), (), ("a",), ("b",)), 3, False),
+                                                     (((), (), ("a", "b"), ()), 2, True)])
+def test_an_fno_layers_mesh_axes_parked_for_its_spectral_weight_are_counted(layout, moves, gradient):
     """An FNO layer at batch 1 on two mesh axes of 2: there is room for both on either
     grid axis, so none is crowded, but when the spectral weight runs every grid axis is
     in its modes and waits for its inverse DFT, and the batch axis has no room. From a
     layout splitting both grid axes, each must give up its mesh axis for its DFT, and
     wherever they are parked for the weight (both on one axis, fewest) that axis gives
     them up again: three moves, where the two departures alone give two; from a layout
-    with both on one grid axis, two. The bound in the spectral term (`Search.parking`)
-    counts them, at most what the exhaustive search finds, and the fast search's plan
-    costs what it finds."""
+    with both on one grid axis, two, but then one mesh axis waits on the second grid
+    axis, 3 modes long (the real DFT's), which it splits unevenly: the weight's gradient
+    is gathered (one latency more when training), where the three moves that take both
+    to the first grid axis would cost more. The bound in the spectral term
+    (`Search.parking`) counts them, at most what the exhaustive search finds, and the
+    fast search's plan costs what it finds."""
     op = (spectral_convolution(1, 4, (8, 8), (4, 4), F64, "spectral")
           + channel_mixing(1, 4, 4, (8, 8), F64, "skip"))
-    _check_parking(op, {"a": 2, "b": 2}, layout, moves, crowded=False)
+    _check_parking(op, {"a": 2, "b": 2}, layout, moves, crowded=False, gradient=gradient)
 
 
 @pytest.mark.parametrize("modes, layout, moves", [((4, 1), ((), (), ("a", "b"), ()), 5),

@@ -31,7 +31,8 @@ class Context:
         self.dense = 0  # the dense Matrix steps (or sums holding one)
         self.dense_on = [0] * ndim  # per axis: the dense Matrix steps on it (or sums holding one)
         self.reduces = 0  # the Reduce steps (or sums holding one)
-        self.pointwise = []  # (step, the tensor axes its weight is split along) of pointwise weights
+        # (step, the tensor axes its weight is split along, `rooms` below) of pointwise weights
+        self.pointwise = []
         for j, step in enumerate(self.steps):
             for inner, a, role in _axis_roles(step):
                 if role is Role.LOCAL:
@@ -45,11 +46,18 @@ class Context:
                 if inner.dense:
                     self.dense |= 1 << j
                     self.dense_on[a] |= 1 << j
-            for inner, _, _ in _axis_roles(step):
+            for inner in _line_steps(step):
                 if inner.weighted and not inner.dense:
                     along = frozenset(inner.axes[0] + a for a in inner.leaf.param_axes if a is not None)
-                    if (j, along) not in self.pointwise:
-                        self.pointwise.append((j, along))
+                    # per tensor axis, its size when the step runs if the weight may be split along it
+                    # (the step does not need it whole), else 0
+                    rooms = tuple(0 for _ in range(ndim))
+                    for a in inner.leaf.param_axes:
+                        if a is not None and inner.roles[a] is not Role.LOCAL:
+                            b = inner.axes[0] + a
+                            rooms = rooms[:b] + (inner.in_sizes[a],) + rooms[b + 1:]
+                    if (j, along, rooms) not in self.pointwise:
+                        self.pointwise.append((j, along, rooms))
         # per stencil (a step, or one on a sum's line, with HALO axes that have neighbours): (its step,
         # ((tensor axis, halo width, the axis's size there), ...), the axes that may hold mesh axes with no
         # halo exchange there, None within a sum)

@@ -1311,7 +1311,15 @@ class Search:
           DFT and waits for its inverse one: a mesh axis moved off a grid axis for the
           DFT must park on another grid axis, and move again, unless the batch axis has
           room (a 4-D layer on mesh axes of 2, 4 and 2: three moves, where the departures
-          counted two; the hard scan 384 k states to 302 k, the seed-0 scan 97 k to 52 k);
+          counted two; the hard scan 384 k states to 302 k, the seed-0 scan 97 k to 52 k).
+          When training, a pointwise weight's gradient is all-reduced where a mesh axis in
+          use sits off the tensor axes it runs along, and gathered where one of those is
+          split unevenly (`StepAction.weight_gradient`): a collective that is no move. So
+          such a step counts the lesser of the fewest moves plus one latency, and the
+          fewest moves over the placements that split its weight evenly (`_fewest_moves`,
+          `exact`). A 4-D layer whose mesh axis of 8 no mode axis can take: its weight
+          costs a collective whatever the route (the hard scan's slowest chain, 24.9 k
+          states to 10.0 k);
         - at a step whose pointwise weight is pinned (a network planned again at another
           batch size), crowded or not: the count for the placement its pin gives the
           mesh axes it names (those in use; the others not counted). An FNO layer must
@@ -1342,18 +1350,22 @@ class Search:
                            for n in [ctx.spread_before(done, j, a, on[a])] if n > 1)
             return before, ctx.axes(ctx.descendants[j] & pending)[0], spread, ctx.spread_after(done, j, sizes)
 
-        most = 0
+        found = 0.0
         if placed:
-            weighted = {j for j, _ in ctx.pointwise}
-            for j in weighted.union(ctx.crowded(sizes)):
+            price = self.move_price(ctx, done, placed[-1][0])
+            latency = self.cost.latency_bytes if self.cost.training else 0.0
+            weighted = {j: rooms for j, _, rooms in ctx.pointwise}
+            for j in weighted.keys() | set(ctx.crowded(sizes)):
                 if pending >> j & 1:
-                    most = max(most, _fewest_moves(placed, ctx.rooms(done, j), *around(j)))
+                    here = _fewest_moves(placed, ctx.rooms(done, j), *around(j)) * price
+                    if j in weighted and latency:  # its weight's gradient collective, where it is not even
+                        here = min(here + latency, _fewest_moves(placed, weighted[j], *around(j), exact=True) * price)
+                    found = max(found, here)
             pins = [(j, splits) for j, splits in self.pinned_splits(ctx) if pending >> j & 1]
             where = {m: (a, i) for i, (_, a, m) in enumerate(named)} if pins else {}
             for j, splits in pins:
                 holders = tuple((where[m][0], b, where[m][1]) for b, names, _, _ in splits for m in names if m in where)
-                most = max(most, _moves(placed, holders, *around(j)))
-        found = most * self.move_price(ctx, done, placed[-1][0]) if most else 0.0
+                found = max(found, _moves(placed, holders, *around(j)) * price)
         self._parking[key] = found
         return found
 
@@ -1568,8 +1580,10 @@ class Search:
         column-parallel input gradient's all-reduce; one latency, unless that `psum` is
         the departure of its axis counted above. *A pointwise weight* (split with the
         axes it runs along) has its gradient all-reduced unless every split mesh axis sits
-        on those axes when it runs: a mesh axis parked elsewhere, where no departure moves
-        it, costs that all-reduce or a move of its own; one latency more.
+        on those axes when it runs, and gathered where one of them is split unevenly: a
+        mesh axis parked elsewhere, where no departure moves it, costs that all-reduce or
+        a move of its own, and mesh axes that no placement on those axes splits evenly
+        cost one or the other (`uneven`); one latency more.
 
         *A stencil* (a pending step with `HALO` axes that read neighbours, `ctx.halos`):
         each such axis split now is, when the stencil runs, either still split, which
@@ -1738,7 +1752,7 @@ class Search:
                 total += latency
                 dense = True
                 shared += 1
-            if ctx.pointwise and self.parked(ctx, pending, place, departures):
+            if ctx.pointwise and (self.parked(ctx, pending, place, departures) or self.uneven(ctx, pending, place)):
                 total += latency
                 shared += 1
         if departures or arrivals:
@@ -1786,7 +1800,7 @@ class Search:
         if not parked:
             return False
         layout, wanted, needs = place.layout, place.wanted, ctx.needs
-        for j, along in ctx.pointwise:
+        for j, along, _ in ctx.pointwise:
             if pending >> j & 1:
                 after = pending & ctx.descendants[j]
                 for a in parked:
@@ -1794,6 +1808,19 @@ class Search:
                                                   for m in layout[a]):
                         return True
         return False
+
+    def uneven(self, ctx: Context, pending: int, place: Placement) -> bool:
+        """`line`'s pointwise weight, wherever the mesh axes go: whether a pending pointwise
+        step's weight finds, whatever the route, a mesh axis in use off the tensor axes it
+        runs along (its gradient all-reduced over it) or one of those axes split unevenly
+        (its gradient gathered, see `StepAction.weight_gradient`): the mesh axes in use now
+        (which stay in use: no pending step can sum one away) cannot be split evenly over
+        the sizes those axes have when it runs (an FNO layer's spectral weight on modes
+        too few for a mesh axis of 8)."""
+        if (ctx.psum_steps | ctx.dense | ctx.reduces) & pending:
+            return False
+        used = place.used_sizes
+        return any(pending >> j & 1 and not _even(tuple(sorted(rooms)), used) for j, _, rooms in ctx.pointwise)
 
     def pins_share(self, ctx: Context, done: int, place: Placement, pending: int, departures: int,
                    shared: int) -> float:
@@ -1939,29 +1966,40 @@ def _moves(placed: tuple[tuple[int, int], ...], holders: tuple[tuple[int, int, i
 
 @functools.lru_cache(maxsize=1 << 14)  # a pure function of small tuples: a bounded memo
 def _fewest_moves(placed: tuple[tuple[int, int], ...], rooms: tuple[float, ...], whole_before: int,
-                  whole_after: int, spread_before: tuple[tuple[int, int], ...] = (), spread_after: tuple = ()) -> int:
+                  whole_after: int, spread_before: tuple[tuple[int, int], ...] = (), spread_after: tuple = (),
+                  exact: bool = False) -> float:
     """The fewest moves around a step (see `Search.parking`) over every way to place the
     mesh axes `placed` (`(size, tensor axis now)` each) on tensor axes with `rooms` (each
-    takes mesh axes whose sizes multiply to less than its room) when it runs; the tensor
-    axes a step before it needs whole (`whole_before`) and one after it (`whole_after`) are
-    bit masks; `spread_before` and `spread_after` as for `_moves`. 0 where they cannot be placed (no
-    route runs the step).
+    takes mesh axes whose sizes multiply to less than its room; `exact`: to a divisor of
+    it, 0 taking none) when it runs; the tensor axes a step before it needs whole
+    (`whole_before`) and one after it (`whole_after`) are bit masks; `spread_before` and
+    `spread_after` as for `_moves`. Where they cannot be placed: 0 (no route runs the
+    step), or, `exact`, `math.inf`.
 
     Both mesh axes on axis 2, which a step before needs whole and one after too: they
     leave it, the one of 4 comes back (axis 1 has room for the other only), and it
-    leaves again after.
+    leaves again after:
 
     >>> _fewest_moves(((4, 2), (2, 2)), (0, 4, 8), 0b100, 0b100)
     3
+
+    The same where axes 1 and 2 are 6 and 8 long: the one of 4 may wait on axis 1, padded
+    (one move), but split evenly it must come back (three); none of 4 splits 2 evenly:
+
+    >>> placed = ((4, 2), (2, 2))
+    >>> _fewest_moves(placed, (0, 12, 16), 0b100, 0b100), _fewest_moves(placed, (0, 6, 8), 0b100, 0b100, exact=True)
+    (1, 3)
+    >>> _fewest_moves(((4, 2),), (0, 2, 2), 0, 0, exact=True)
+    inf
     """
     orders = {a: (a, *(b for b in range(len(rooms)) if b != a)) for _, a in placed}
     best = _fewest_placed((), math.inf, placed, rooms, [1] * len(rooms), orders,
-                          (whole_before, whole_after, spread_before, spread_after))
-    return 0 if best == math.inf else best
+                          (whole_before, whole_after, spread_before, spread_after), exact)
+    return 0 if best == math.inf and not exact else best
 
 
 def _fewest_placed(holders: tuple[tuple[int, int, int], ...], best: float, placed: tuple, rooms: tuple,
-                   load: list[int], orders: dict, around: tuple) -> float:
+                   load: list[int], orders: dict, around: tuple, exact: bool) -> float:
     """`_fewest_moves` over the placements that extend `holders` (`load`: the product of
     the sizes placed on each tensor axis so far; `orders`: the tensor axes to try for a
     mesh axis on each; `around`: `_moves`'s other arguments), or `best` where none has
@@ -1973,11 +2011,27 @@ def _fewest_placed(holders: tuple[tuple[int, int, int], ...], best: float, place
         return min(moves, best)
     size, a = placed[len(holders)]
     for b in orders[a]:  # staying first: a cheap placement early prunes the rest
-        if load[b] * size < rooms[b]:
+        fits = rooms[b] and rooms[b] % (load[b] * size) == 0 if exact else load[b] * size < rooms[b]
+        if fits:
             load[b] *= size
-            best = _fewest_placed(holders + ((a, b, len(holders)),), best, placed, rooms, load, orders, around)
+            best = _fewest_placed(holders + ((a, b, len(holders)),), best, placed, rooms, load, orders, around, exact)
             load[b] //= size
     return best
+
+
+@functools.lru_cache(maxsize=1 << 12)  # a pure function of small tuples: a bounded memo
+def _even(rooms: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
+    """Whether mesh axes of `sizes` can each sit on one of tensor axes of sizes `rooms`,
+    each such axis divided evenly by the mesh axes on it.
+
+    >>> _even((4, 2, 4, 5), (4, 2)), _even((4, 2, 4, 5), (8, 4, 2))
+    (True, False)
+    """
+    if not sizes:
+        return True
+    first, rest = sizes[0], sizes[1:]
+    return any(n and n % first == 0 and _even(tuple(sorted(rooms[:i] + (n // first,) + rooms[i + 1:])), rest)
+               for i, n in enumerate(rooms) if i == 0 or n != rooms[i - 1])
 
 
 def _matching(edges: dict) -> dict:
