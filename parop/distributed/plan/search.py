@@ -1081,7 +1081,7 @@ class Search:
                 stay, leaving = self.regrouping(ctx, done, lay, here, stay, leaving, *moves)
             if leaving > stay + staying:  # else the arrivals back to the entry cannot lower the lesser case
                 stay = max(stay, self.arriving(ctx, done, lay, back, stay))
-                # the line back (an FNO layer of one layer: 5.9 k states to 3.4 k); where weights are pinned
+                # the line back (a one-layer 4-D FNO: 5.9 k states to 3.4 k); where weights are pinned
                 # it raises the bound at few states (12 % in dfno's chain at batch 4), and costs more time
                 if leaving > stay + staying and not self.pinned:
                     stay = max(stay, self.line(ctx, done, lay, back))
