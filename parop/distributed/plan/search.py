@@ -273,7 +273,7 @@ class Search:
 
     def __init__(self, mesh_shape, cost: CostModel, shard_weights: bool | str = "auto",
                  exhaustive: bool = False, max_states: int = MAX_STATES, pinned: Mapping | None = None,
-                 *, tables: Tables | None = None, returns: bool = False):
+                 *, tables: Tables | None = None):
         self.pinned = dict(pinned or {})  # weight name -> the mesh axes splitting each of its axes
         self.mesh = tuple(mesh_shape.items())
         self.mesh_sizes = dict(mesh_shape)
@@ -281,10 +281,6 @@ class Search:
         self.mesh_used = tuple(sorted((size for size in self.mesh_sizes.values() if size > 1), reverse=True))
         self.cost, self.shard_weights = cost, shard_weights
         self.exhaustive, self.max_states = exhaustive, max_states
-        # whether `regrouping` counts the moves back to a sum's entry (`returning`): only the entry bound's
-        # searches, which start from every layout (those that pile every mesh axis onto one tensor axis
-        # among them, where it pays); elsewhere it costs more time than the states it saves
-        self.returns = returns
         self._expanded = 0
         self.split_counts = {math.prod(c) for k in range(1, len(self.mesh) + 1)
                              for c in itertools.combinations(self.mesh_sizes.values(), k)}
@@ -367,11 +363,11 @@ class Search:
             found = states[(sizes, itemsize, lay)] = State(sizes, lay.value, itemsize, self.mesh)
         return found
 
-    def sub(self, pinned: Mapping, returns: bool = False) -> "Search":
+    def sub(self, pinned: Mapping) -> "Search":
         """A search of its own on the same mesh and cost model, sharing this one's tables,
-        with the weights in `pinned` pinned (`returns`: see `Search.returns`)."""
+        with the weights in `pinned` pinned."""
         search = Search(self.mesh_sizes, self.cost, self.shard_weights, max_states=self.max_states, pinned=pinned,
-                        tables=self.tables, returns=returns)
+                        tables=self.tables)
         self._subs.append(search)
         return search
 
@@ -1230,8 +1226,7 @@ class Search:
         """The least cost of the chain's operator `j` alone, from any unpadded layout that
         splits its input over exactly the mesh axes `used`, to a layout `goal` accepts
         (memoised, also by the operator's structure: a network's identical layers share
-        it; a search of its own, with every such layout an entry, which counts the moves back to
-        a sum's entry, `returning`: only its least cost is read, so its bound breaks no tie).
+        it; a search of its own, with every such layout an entry).
 
         For an operator unlike every other of the chain (`alone`: a network's single
         layer), the search stops after `ALONE_STATES` states, at the least key still open
@@ -1256,7 +1251,7 @@ class Search:
                     autos = automorphisms(prog)
                     canon = [self.canonical(self.intern(e), pins, autos) for e in entries]
                     entries, pins = list(dict.fromkeys(c[0].value for c in canon)), canon[0][2]
-                search = self.sub({**self.pinned, **dict(pins)}, returns=True)
+                search = self.sub({**self.pinned, **dict(pins)})
                 root = search.context(prog, prog.shape, ctx.itemsize(before))
                 self._entry_bounds[alike] = _least_end(search.explore(root, entries, goal), states)
             self._entry_bounds[key] = self._entry_bounds[alike]
@@ -1453,11 +1448,10 @@ class Search:
         `X`), and each later term makes `d`. Each move costs at least its term's
         `move_price`, and each term at least its other bound (`here` for the first,
         `departing` for the others): the least over `d` of their sum is a lower bound.
-        Where the search `returns`, `stay` is also at least the first term's moves back to
-        `entry` (`returning`)."""
+        `stay` is also at least the first term's moves back to `entry` (`returning`)."""
         pairs, price = self.adjacencies(entry), self.move_price(ctx, done, min(self.mesh_used))
         # a move per mesh axis at most: only where that could raise `stay`
-        if self.returns and len(self.mesh_used) * self.most_move_price(ctx, done) > stay:
+        if len(self.mesh_used) * self.most_move_price(ctx, done) > stay:
             stay = max(stay, self.returning(ctx, done, lay, entry))
         for made, kept, unknown in self.waypoints(ctx, done, lay):
             missing = max(0, len(pairs - kept) - unknown)
