@@ -1265,9 +1265,9 @@ def test_mesh_axes_parted_by_an_fno_layers_modes_are_counted_and_cost_what_the_e
     axes, which the inverse DFTs need whole again, can hold only the smaller ones. The
     bound in its spectral term (`Search.parking`) counts the fewest moves over every
     placement of the mesh axes there (more than the axes forced alone give), and, as
-    the mode axes cannot take the mesh axis of 4, the spectral weight's gradient
-    collective (`Search.uneven`), at most what the exhaustive search finds, and the fast
-    search's plan costs what it finds."""
+    no placement on the mode axes splits the spectral weight evenly (none takes the mesh
+    axis of 4), its gradient's collective, at most what the exhaustive search finds, and
+    the fast search's plan costs what it finds."""
     op = (spectral_convolution(3, 2, (4, 4), (2, 2), F64, "spectral")
           + channel_mixing(3, 2, 2, (4, 4), F64, "skip"))
     _check_parking(op, mesh, layout, moves, gradient=True)

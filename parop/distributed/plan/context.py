@@ -51,13 +51,12 @@ class Context:
                     along = frozenset(inner.axes[0] + a for a in inner.leaf.param_axes if a is not None)
                     # per tensor axis, its size when the step runs if the weight may be split along it
                     # (the step does not need it whole), else 0
-                    rooms = tuple(0 for _ in range(ndim))
+                    rooms = [0] * ndim
                     for a in inner.leaf.param_axes:
                         if a is not None and inner.roles[a] is not Role.LOCAL:
-                            b = inner.axes[0] + a
-                            rooms = rooms[:b] + (inner.in_sizes[a],) + rooms[b + 1:]
-                    if (j, along, rooms) not in self.pointwise:
-                        self.pointwise.append((j, along, rooms))
+                            rooms[inner.axes[0] + a] = inner.in_sizes[a]
+                    if (j, along, tuple(rooms)) not in self.pointwise:
+                        self.pointwise.append((j, along, tuple(rooms)))
         # per stencil (a step, or one on a sum's line, with HALO axes that have neighbours): (its step,
         # ((tensor axis, halo width, the axis's size there), ...), the axes that may hold mesh axes with no
         # halo exchange there, None within a sum)

@@ -1820,7 +1820,7 @@ class Search:
         if (ctx.psum_steps | ctx.dense | ctx.reduces) & pending:
             return False
         used = place.used_sizes
-        return any(pending >> j & 1 and not _even(tuple(sorted(rooms)), used) for j, _, rooms in ctx.pointwise)
+        return any(pending >> j & 1 and not _even(rooms, used) for j, _, rooms in ctx.pointwise)
 
     def pins_share(self, ctx: Context, done: int, place: Placement, pending: int, departures: int,
                    shared: int) -> float:
@@ -2021,8 +2021,8 @@ def _fewest_placed(holders: tuple[tuple[int, int, int], ...], best: float, place
 
 @functools.lru_cache(maxsize=1 << 12)  # a pure function of small tuples: a bounded memo
 def _even(rooms: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
-    """Whether mesh axes of `sizes` can each sit on one of tensor axes of sizes `rooms`,
-    each such axis divided evenly by the mesh axes on it.
+    """Whether mesh axes of `sizes` can each sit on one of tensor axes of sizes `rooms` (0:
+    an axis that takes none), each such axis divided evenly by the mesh axes on it.
 
     >>> _even((4, 2, 4, 5), (4, 2)), _even((4, 2, 4, 5), (8, 4, 2))
     (True, False)
