@@ -72,7 +72,7 @@ def markdown(results: dict) -> str:
 
 
 def _chosen_in(report: dict) -> str:
-    return f"chosen in {report['choose_seconds']:.0f} s" if "choose_seconds" in report else "–"
+    return f"chosen in {report['choose_seconds']:.1f} s" if "choose_seconds" in report else "–"
 
 
 def main() -> None:
