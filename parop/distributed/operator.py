@@ -291,6 +291,9 @@ class DistributedOperator(Operator):
 
     @property
     def out_sharding(self) -> NamedSharding:
+        """The output's sharding under `D.plan` (of `D.batch_shape`); another batch shape's
+        output is laid out as its own plan ends (`D.plan_for(batch_shape).out_layout`),
+        which may differ where `out_partition` leaves a choice."""
         return sharding(self.mesh, self.plan.out_layout)
 
     def param_shardings(self) -> dict[str, NamedSharding]:
