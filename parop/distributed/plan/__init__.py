@@ -35,7 +35,7 @@ action's forward and backward collectives.
 exhaustive Dijkstra search (`Search(exhaustive=True)`, kept as the test oracle; the
 tests compare their costs on hundreds of random operators and partitions), with:
 
-1. *An admissible lower bound.* Each tensor axis that is split now and that a pending
+1. *An admissible lower bound* (`bound.py`). Each tensor axis that is split now and that a pending
    step needs whole, that is padded, or that holds a mesh axis the output layout does
    not want there, needs a collective of its own with that axis as its source: no
    collective takes the split from two tensor axes. That costs at least the latency
@@ -85,7 +85,8 @@ from .cost import Collective, CostModel
 from .goal import Goal, counts_goal, default_goal
 from .plan import Plan, Visit, replay, start, walk, weight_uses
 from .program import Program, Slot, Step, program
-from .search import PlanningError, Search
+from .errors import PlanningError
+from .search import Search
 
 __all__ = ["CostModel", "Goal", "Plan", "PlanningError", "make_plan", "program"]
 

@@ -2,7 +2,9 @@
 well (`move`), and the permutations of a program's tensor axes under which it is itself
 (`automorphisms`). From layout `L` with its weights pinned at `P`, such a program costs
 what it costs from the image of `L` with its weights pinned at the image of `P`, so the
-search plans one layout of each class and maps the answer (see `Search.canonical`)."""
+search plans one layout of each class and maps the answer (see `Search.canonical`). And
+`structure`: what the search sees of a program, equal for operators alike but for their
+weights' names (a network's identical layers), which share their searches."""
 
 from __future__ import annotations
 
@@ -127,3 +129,26 @@ def _weight_moves(prog: Program, perm: tuple[int, ...]) -> tuple | None:
                 return None
             found[step.leaf.name] = goes
     return tuple(found.items())
+
+
+def structure(prog: Program, itemsize: int, pinned: Mapping) -> tuple:
+    """What the search sees of a program: its steps, with each leaf's fields but its
+    name (and for a weight, where `pinned` puts it). Two operators of a chain with the
+    same structure (a network's identical layers) cost the same between the same
+    layouts."""
+    return _steps_structure(prog, pinned), itemsize
+
+
+def _steps_structure(prog: Program, pinned: Mapping) -> tuple:
+    """`structure` of `prog` and of its sums' terms, without its itemsize."""
+    return prog.preds, prog.shape, tuple(
+        (s.axes, s.in_sizes, s.out_sizes, s.flow, s.in_dtype, s.out_dtype, _leaf_structure(s.leaf, pinned), s.scalar,
+         s.conj, s.barrier, tuple(_steps_structure(t, pinned) for t in s.terms)) for s in prog.steps)
+
+
+def _leaf_structure(leaf, pinned: Mapping) -> tuple | None:
+    """A step's leaf as `structure` sees it: its fields but its name, and its weight's pin."""
+    if leaf is None:
+        return None
+    fields = tuple(f for f in leaf._key() if not (isinstance(f, tuple) and f[:1] == ("name",)))
+    return fields, pinned.get(leaf.name) if leaf.param_shape is not None else None
