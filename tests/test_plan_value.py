@@ -245,6 +245,20 @@ def test_a_model_keeps_its_operators_for_a_bounded_number_of_batch_sizes(monkeyp
     assert [D.plan for D in dist.operators(4)] == first
 
 
+def test_a_batch_size_with_no_plan_at_all_says_so():
+    """Planned at 4 samples, the mesh axis of 4 waits on the batch axis while the grid
+    axis is transformed; one sample has no axis to hold it, wherever the weights go. The
+    error says that, not that the reference's placements are to blame (a probe of random
+    networks found the old message, whose advice, `batch=1`, fails too)."""
+    model = FNO((8,), width=2, modes=(2,), layers=1, projection=4)
+    dist = model.distribute((1, 1, 4), batch=4)
+    with pytest.raises(ValueError, match=r"a batch of 1 samples has no plan on this partition, wherever its weights "
+                                         r"go \(the reference batch size 4 has one\): .*no plan exists"):
+        dist.operators(1)
+    with pytest.raises(ValueError, match="no plan exists"):
+        model.distribute((1, 1, 4), batch=1)
+
+
 def test_a_batch_size_the_reference_placements_cannot_serve_is_a_clear_error():
     """Planned at 2 samples, the spectral weights take the mesh axis the batch cannot hold
     at 1 sample: no plan keeps them there, and the error says so and what to do."""

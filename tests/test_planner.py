@@ -673,6 +673,19 @@ def test_a_network_too_large_is_a_clear_value_error(monkeypatch):
         model.distribute((1, 1, 2, 2))
 
 
+def test_a_network_whose_mesh_axes_fit_nowhere_has_no_plan_at_once(monkeypatch):
+    """A 3-D network on 4 × 4 × 6 points with one mode on two axes, split (2, 1, 2, 2, 1)
+    at 2 samples: at its spectral weight the grid axes are 2, 1 and 1 long and the batch
+    axis holds its own split, so the grid's two mesh axes have nowhere to wait. The bound
+    says so (`parking` finds no placement: an infinite bound) and the search stops with
+    "no plan exists" within 1,000 states, where it used to expand 200,000 and give up
+    (found by a probe of random small networks)."""
+    monkeypatch.setattr(Search.__init__, "__defaults__", ("auto", False, 1000, None))
+    model = FNO((4, 4, 6), width=3, modes=(2, 1, 1), layers=1, projection=8)
+    with pytest.raises(ValueError, match=r"no plan exists for input shape \(2, 4, 4, 4, 6\)"):
+        model.distribute((2, 1, 2, 2, 1), batch=2)
+
+
 # == 3. the collectives of a training step are the plan's =================================
 
 KIND_IN_HLO = {"all_to_all": "all-to-all", "psum": "all-reduce", "psum_scatter": "reduce-scatter",

@@ -440,9 +440,16 @@ class DistributedFNO(FNO):
             raise ValueError(f"FNO.distribute: a batch of {b} samples cannot be split in {split} (the partition's "
                              f"batch entry): use a multiple of {split}")
         first = self.operators(self.reference_batch)[0]
+        spec, mesh, cost = first.in_sharding.spec, first.mesh, first.cost
         try:
-            return self._chain(b, first.in_sharding.spec, first.mesh, first.cost, self.weights)
+            return self._chain(b, spec, mesh, cost, self.weights)
         except ValueError as error:
+            try:  # only where some placement would plan are the reference's placements to blame
+                self._chain(b, spec, mesh, cost, None)
+            except ValueError as unpinned:
+                raise ValueError(f"FNO.distribute: a batch of {b} samples has no plan on this partition, wherever "
+                                 f"its weights go (the reference batch size {self.reference_batch} has one): "
+                                 f"{unpinned}") from unpinned
             placed = {n: s for n, s in self.weights.items() if any(s)}  # the split ones
             raise ValueError(
                 f"FNO.distribute: a batch of {b} samples cannot be planned with the weights where the plan of the "

@@ -47,7 +47,9 @@ tests compare their costs on hundreds of random operators and partitions), with:
    exchange at least where the axes the stencil leaves free cannot hold the mesh axes
    in use. In a sum's term, when a step runs with axes it needs whole, an axis without
    which the others cannot hold the mesh axes in use must hold one: it gets one before
-   that step and loses it after, where other steps need it whole (`Search.parking`).
+   that step and loses it after, where other steps need it whole (`Search.parking`);
+   where they fit nowhere at all, no route runs that step: the bound is infinite, and
+   a search whose open states all have infinite bounds stops there, with no plan.
    Later terms of a sum add their own needs from the sum's entry layout. Where no mesh
    axis can come or go (and every weight is pinned), an `all_to_all` makes at most one
    new pair of a mesh axis and what comes right before it, so each term of a sum makes
@@ -82,10 +84,10 @@ from ...operators import Role
 from ..layout import Layout, spec_of
 from .actions import StepAction
 from .cost import Collective, CostModel
+from .errors import PlanningError
 from .goal import Goal, counts_goal, default_goal
 from .plan import Plan, Visit, replay, start, walk, weight_uses
 from .program import Program, Slot, Step, program
-from .errors import PlanningError
 from .search import Search
 
 __all__ = ["CostModel", "Goal", "Plan", "PlanningError", "make_plan", "program"]

@@ -527,7 +527,9 @@ class LowerBound:
     def parking(self, ctx: Context, done: int, lay: Interned) -> float:
         """A lower bound on the collectives still to come on one line of data (a term of
         a sum), from where its mesh axes must be parked (memoised; 0 unless no step can
-        sum a split away or gather one, and none is a sum).
+        sum a split away or gather one, and none is a sum; `math.inf` where the mesh axes
+        in use fit on no tensor axes when a pending step runs: then no route ends, and the
+        search stops once only such states are left).
 
         Every mesh axis in use now stays in use (only a `psum` or a dense `Matrix`'s
         gather could drop one), and a move (an `all_to_all`) takes mesh axes from one
@@ -615,7 +617,11 @@ class LowerBound:
             weighted = {j: rooms for j, _, rooms in ctx.pointwise}
             for j in weighted.keys() | set(ctx.crowded(sizes)):
                 if pending >> j & 1:
-                    here = _fewest_moves(placed, ctx.rooms(done, j), *around(j)) * price
+                    fewest = _fewest_moves(placed, ctx.rooms(done, j), *around(j))
+                    if fewest == math.inf:  # the mesh axes in use fit nowhere while `j` runs: no route ends
+                        self._parking[key] = math.inf
+                        return math.inf
+                    here = fewest * price
                     if j in weighted and latency:  # its weight's gradient collective, where it is not even
                         here = min(here + latency, _fewest_moves(placed, weighted[j], *around(j), exact=True) * price)
                     found = max(found, here)
@@ -1230,8 +1236,8 @@ def _fewest_moves(placed: tuple[tuple[int, int], ...], rooms: tuple[float, ...],
     takes mesh axes whose sizes multiply to less than its room; `exact`: to a divisor of
     it, 0 taking none) when it runs; the tensor axes a step before it needs whole
     (`whole_before`) and one after it (`whole_after`) are bit masks; `spread_before` and
-    `spread_after` as for `_moves`. Where they cannot be placed: 0 (no route runs the
-    step), or, `exact`, `math.inf`.
+    `spread_after` as for `_moves`. Where they cannot be placed: `math.inf` (no route
+    runs the step).
 
     Both mesh axes on axis 2, which a step before needs whole and one after too: they
     leave it, the one of 4 comes back (axis 1 has room for the other only), and it
@@ -1248,11 +1254,17 @@ def _fewest_moves(placed: tuple[tuple[int, int], ...], rooms: tuple[float, ...],
     (1, 3)
     >>> _fewest_moves(((4, 2),), (0, 2, 2), 0, 0, exact=True)
     inf
+
+    Two mesh axes of 4 where no tensor axis has room for one (an axis of 2 holds fewer
+    than 4 pieces): no route runs the step.
+
+    >>> _fewest_moves(((4, 1), (4, 2)), (0, 4, 4), 0, 0)
+    inf
     """
     orders = {a: (a, *(b for b in range(len(rooms)) if b != a)) for _, a in placed}
     best = _fewest_placed((), math.inf, placed, rooms, [1] * len(rooms), orders,
                           (whole_before, whole_after, spread_before, spread_after), exact)
-    return 0 if best == math.inf and not exact else best
+    return best
 
 
 def _fewest_placed(holders: tuple[tuple[int, int, int], ...], best: float, placed: tuple, rooms: tuple,

@@ -359,6 +359,8 @@ class Search(LowerBound):
 
         while heap:
             key, _, cost, state, loose = pop(heap)
+            if key[0] == math.inf:
+                return  # every state still open has an infinite bound: none reaches an end
             if best[state] < cost:
                 continue
             if loose:  # its whole bound now: pushed back if that is more
@@ -484,7 +486,9 @@ class Search(LowerBound):
         tie = itertools.count()
         heap = [((self.rest(root, 0, start, goal),) + ZERO[1:], next(tie), ZERO, 0, start, None)]
         while heap:
-            _, _, cost, i, lay, k = heapq.heappop(heap)
+            key, _, cost, i, lay, k = heapq.heappop(heap)
+            if key[0] == math.inf:
+                break  # no route through the rest of the chain from anywhere still open
             if best[(i, lay)] < cost:
                 continue
             if k is None:  # operator i starts from `lay`
