@@ -259,6 +259,21 @@ def test_a_batch_size_with_no_plan_at_all_says_so():
         model.distribute((1, 1, 4), batch=1)
 
 
+def test_a_batch_size_the_planner_gives_up_on_with_the_reference_placements_says_so(monkeypatch):
+    """Planned at 8 samples, every weight whole on each device; at 3 samples the search
+    with those placements runs past its budget (here 4,000 states), while one that may
+    place the spectral weights plans in 1,715. The error says the planner gave up, and
+    where the weights are, in words rather than as an empty dict."""
+    monkeypatch.setattr(search_module.Search.__init__, "__defaults__", ("auto", False, 4000, None))
+    model = FNO((8, 4, 6), width=2, modes=(1, 1, 2), layers=2, projection=8, local_kernel=3)
+    dist = model.distribute((1, 1, 2, 2, 2), batch=8)
+    assert not any(any(spec) for spec in dist.weights.values())
+    with pytest.raises(ValueError, match=r"a batch of 3 samples could not be planned \(the planner gave up\) with the "
+                                         r"weights where the plan of the reference batch size 8 puts them \(every "
+                                         r"weight whole on each device\); distribute with batch=3"):
+        dist.operators(3)
+
+
 def test_a_batch_size_the_reference_placements_cannot_serve_is_a_clear_error():
     """Planned at 2 samples, the spectral weights take the mesh axis the batch cannot hold
     at 1 sample: no plan keeps them there, and the error says so and what to do."""

@@ -451,10 +451,12 @@ class DistributedFNO(FNO):
                                  f"its weights go (the reference batch size {self.reference_batch} has one): "
                                  f"{unpinned}") from unpinned
             placed = {n: s for n, s in self.weights.items() if any(s)}  # the split ones
+            why = "could not be planned (the planner gave up)" if "gave up" in str(error) else "cannot be planned"
             raise ValueError(
-                f"FNO.distribute: a batch of {b} samples cannot be planned with the weights where the plan of the "
-                f"reference batch size {self.reference_batch} puts them ({placed}); distribute with "
-                f"batch={b} (the reference batch size: every other batch size keeps its placements)") from error
+                f"FNO.distribute: a batch of {b} samples {why} with the weights where the plan of the reference "
+                f"batch size {self.reference_batch} puts them ({placed or 'every weight whole on each device'}); "
+                f"distribute with batch={b} (the reference batch size: every other batch size keeps its "
+                f"placements)") from error
 
     def _blocked_projection(self, θ: Params, h: jax.Array) -> jax.Array:
         """The remat projection on each device's block, in the layout where the planned
