@@ -447,9 +447,10 @@ class DistributedFNO(FNO):
             try:  # only where some placement would plan are the reference's placements to blame
                 self._chain(b, spec, mesh, cost, None)
             except ValueError as unpinned:
-                raise ValueError(f"FNO.distribute: a batch of {b} samples has no plan on this partition, wherever "
-                                 f"its weights go (the reference batch size {self.reference_batch} has one): "
-                                 f"{unpinned}") from unpinned
+                none = ("could not be planned on this partition (the planner gave up)" if "gave up" in str(unpinned)
+                        else "has no plan on this partition")
+                raise ValueError(f"FNO.distribute: a batch of {b} samples {none}, wherever its weights go (the "
+                                 f"reference batch size {self.reference_batch} has one): {unpinned}") from unpinned
             placed = {n: s for n, s in self.weights.items() if any(s)}  # the split ones
             why = "could not be planned (the planner gave up)" if "gave up" in str(error) else "cannot be planned"
             raise ValueError(
