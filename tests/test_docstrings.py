@@ -11,7 +11,8 @@ import importlib
 
 import pytest
 
-MODULES = ["parop.distributed.plan.bound", "parop.distributed.plan.actions", "parop.distributed.plan.context"]
+MODULES = ["parop.distributed.plan.bound", "parop.distributed.plan.actions", "parop.distributed.plan.context",
+           "parop.distributed.plan.errors"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -658,8 +658,9 @@ def test_a_search_too_large_is_a_clear_value_error(monkeypatch):
     assert search_module.Search(dict(a=2), CostModel()).max_states == 20
     op = po.kron(*[po.DFT(4)] * 8)
     with pytest.raises(ValueError, match=r"distribute\(.*\): the planner gave up after 20 states: the operator "
-                                         r"is too large to plan exhaustively; distribute its parts separately"):
+                                         r"is too large to plan exhaustively; distribute its parts separately") as caught:
         po.distribute(op, (2, 2, 2) + (1,) * 5)
+    assert isinstance(caught.value, PlanningError) and caught.value.gave_up
 
 
 def test_a_network_too_large_is_a_clear_value_error(monkeypatch):
@@ -682,8 +683,9 @@ def test_a_network_whose_mesh_axes_fit_nowhere_has_no_plan_at_once(monkeypatch):
     (found by a probe of random small networks)."""
     monkeypatch.setattr(Search.__init__, "__defaults__", ("auto", False, 1000, None))
     model = FNO((4, 4, 6), width=3, modes=(2, 1, 1), layers=1, projection=8)
-    with pytest.raises(ValueError, match=r"no plan exists for input shape \(2, 4, 4, 4, 6\)"):
+    with pytest.raises(ValueError, match=r"no plan exists for input shape \(2, 4, 4, 4, 6\)") as caught:
         model.distribute((2, 1, 2, 2, 1), batch=2)
+    assert isinstance(caught.value, PlanningError) and not caught.value.gave_up
 
 
 # == 3. the collectives of a training step are the plan's =================================

@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .. import _dtypes
 from ..algebra import kron
 from ..distributed import CostModel, DistributedOperator, distribute, distribute_chain
+from ..distributed.plan import PlanningError
 from ..operator import Operator
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
 from ..params import name_key
@@ -390,6 +391,11 @@ def _merged(shape: tuple[int, ...], spec: tuple) -> tuple[int, ...]:
     return tuple(merged)
 
 
+def _gave_up(error: ValueError) -> bool:
+    """Whether `error` is the planner giving up (a plan may exist), not a proof of none."""
+    return isinstance(error, PlanningError) and error.gave_up
+
+
 def _names(entry) -> tuple[str, ...]:
     """The mesh axis names of one `PartitionSpec` entry."""
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
@@ -447,12 +453,12 @@ class DistributedFNO(FNO):
             try:  # only where some placement would plan are the reference's placements to blame
                 self._chain(b, spec, mesh, cost, None)
             except ValueError as unpinned:
-                none = ("could not be planned on this partition (the planner gave up)" if "gave up" in str(unpinned)
+                none = ("could not be planned on this partition (the planner gave up)" if _gave_up(unpinned)
                         else "has no plan on this partition")
                 raise ValueError(f"FNO.distribute: a batch of {b} samples {none}, wherever its weights go (the "
                                  f"reference batch size {self.reference_batch} has one): {unpinned}") from unpinned
             placed = {n: s for n, s in self.weights.items() if any(s)}  # the split ones
-            why = "could not be planned (the planner gave up)" if "gave up" in str(error) else "cannot be planned"
+            why = "could not be planned (the planner gave up)" if _gave_up(error) else "cannot be planned"
             raise ValueError(
                 f"FNO.distribute: a batch of {b} samples {why} with the weights where the plan of the reference "
                 f"batch size {self.reference_batch} puts them ({placed or 'every weight whole on each device'}); "

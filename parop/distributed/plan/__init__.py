@@ -118,7 +118,7 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
     try:
         price, actions = search.run(prog, in_layout, goal)
     except PlanningError as e:
-        raise _no_plan(str(e), prog, in_layout, mesh_shape, where) from None
+        raise _no_plan(e, prog, in_layout, mesh_shape, where) from None
     expanded = search.expanded
     placements = weight_uses(replay(actions, start(prog.shape, in_layout, prog.dtype, tuple(mesh_shape.items())))[0])
     shared = next(((name, specs) for name, specs in placements.items() if len(specs) > 1), None)
@@ -135,24 +135,24 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
             except ValueError:
                 continue
         if not plans:
-            raise _no_plan("no plan exists", prog, in_layout, mesh_shape, where)
+            raise _no_plan(PlanningError("no plan exists"), prog, in_layout, mesh_shape, where)
         price, actions, _ = min(plans, key=lambda p: p[0])
         expanded += sum(p[2] for p in plans)
     return (price, actions, expanded) if with_cost else (actions, expanded)
 
 
-def _no_plan(reason: str, prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
+def _no_plan(error: PlanningError, prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
              where: str) -> PlanningError:
-    """The `ValueError` for a search that found nothing, saying why where it can (a
-    search that gave up: what to do, for an operator or for a network's chain)."""
-    if reason != "no plan exists":
+    """The `ValueError` for a search that found nothing (`error`), saying why where it can
+    (a search that gave up: what to do, for an operator or for a network's chain)."""
+    if error.gave_up:
         if any(step.barrier for step in prog.steps):
             advice = ("the network is too large to plan as a whole; split fewer axes, or distribute its "
                       "operators one by one")
         else:
             advice = ("the operator is too large to plan exhaustively; distribute its parts separately or split "
                       "fewer axes")
-        return PlanningError(f"{where}: {reason}: {advice}")
+        return PlanningError(f"{where}: {error}: {advice}", gave_up=True)
     split = [(a, n, math.prod(mesh_shape[m] for m in axes))
              for a, (n, axes) in enumerate(zip(prog.shape, in_layout)) if axes]
     needs = sorted({f"axis {a}" for s in prog.all_steps() for a, r in zip(s.axes, s.roles) if r is Role.LOCAL})

@@ -378,7 +378,7 @@ class Search(LowerBound):
                         continue
             self._expanded += 1
             if self._expanded > self.max_states:
-                raise PlanningError(f"the planner gave up after {self.max_states} states")
+                raise PlanningError(f"the planner gave up after {self.max_states} states", gave_up=True)
             node = self.node(ctx, done, lay)
             if node.moves is None:
                 self.fill(ctx, done, lay, node)
