@@ -16,6 +16,7 @@ import optax
 import pytest
 
 from parop.distributed.hlo import collectives
+from parop.distributed.plan import PlanningError
 from parop.nn import FNO, dry_run, relative_l2
 from parop.nn.dryrun import PLAN_KIND, _input_gradient_only
 from parop.nn.partition import candidates, ranked
@@ -98,7 +99,8 @@ def test_the_chosen_partition_plans_and_fits():
 
 def test_no_partition_fits_is_a_clear_error():
     model = FNO((16,), width=4, modes=(6,), layers=1, projection=8)
-    with pytest.raises(ValueError, match=r"(?s)devices=2, batch=1.*no partition.*fits in 1e-09 GB.*\(1, 1, 2\)"):
+    with pytest.raises(ValueError, match=r"(?s)devices=2, batch=1.*no partition.*fits in 1e-09 GB.*\(1, 1, 2\).*"
+                                         r"Use more devices, a smaller batch, or FNO\(\.\.\., remat=True\)"):
         model.distribute(devices=2, batch=1, memory_limit=1)
     for kwargs, match in [(dict(partition=(1, 1, 2), devices=2, batch=1), "not both"),
                           (dict(devices=2), "needs devices=N and batch=B"),
@@ -111,6 +113,23 @@ def test_no_partition_fits_is_a_clear_error():
         dry_run(model, 0)
     with pytest.raises(TypeError, match="dry_run: model must be a parop.nn.FNO"):
         dry_run(object(), 1)
+
+
+def test_a_network_with_no_plan_points_to_the_partition_search_and_that_to_fewer_devices():
+    """Too fine a split for a small grid: no plan, whichever way its weights go. An
+    explicit partition's error keeps the planner's reason first and names the partition
+    search; the search's error, where nothing plans (not memory), advises fewer devices."""
+    model = FNO((4, 4, 6), width=4, modes=(2, 1, 1), layers=1)
+    with pytest.raises(PlanningError, match=r"(?s)^[^\n]*no plan exists.*\nparop can search the partitions of 8 "
+                                            r"devices for one that plans: model\.distribute\(devices=8, batch=2\)$"
+                       ) as error:
+        model.distribute((2, 1, 2, 2, 1), batch=2)
+    assert not error.value.gave_up
+    with pytest.raises(ValueError, match=r"(?s)devices=8, batch=2.*no partition.*over 8 devices plans and fits; "
+                                         r"tried:.*\(2, 1, 2, 2, 1\): no plan exists.*\nUse fewer devices") as error:
+        model.distribute(devices=8, batch=2)
+    assert "remat" not in str(error.value)
+    assert model.distribute(devices=4, batch=2).partition == (2, 1, 1, 2, 1)
 
 
 def test_the_command_line_prints_json():

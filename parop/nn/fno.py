@@ -316,7 +316,13 @@ class FNO:
             return choose(self, devices, batch, memory_limit, cost)
         if partition is None:
             raise ValueError("FNO.distribute: give a partition of (batch, channel, *grid), or devices=N and batch=B")
-        return self._rebuild(DistributedFNO, partition=partition, mesh=mesh, cost=cost, batch=batch)
+        try:
+            return self._rebuild(DistributedFNO, partition=partition, mesh=mesh, cost=cost, batch=batch)
+        except PlanningError as error:  # the planner's reason stays the first line (`partition._reason`)
+            devices = mesh.size if mesh is not None else math.prod(partition)
+            raise PlanningError(f"{error}\nparop can search the partitions of {devices} devices for one that plans: "
+                                f"model.distribute(devices={devices}, batch={'B' if batch is None else batch})",
+                                gave_up=error.gave_up) from error
 
     @property
     def distributed(self) -> bool:

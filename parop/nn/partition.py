@@ -97,7 +97,7 @@ def choose(model, devices: int, batch: int, memory_limit: float | None = None, c
 
     where = f"FNO.distribute(devices={devices}, batch={batch}, memory_limit={memory_limit})"
     _check(where, devices, batch, memory_limit)
-    tried = []
+    tried, too_large = [], False
     for c in ranked(model, devices, batch, cost):
         if c.cost is None:
             tried.append(f"{c.partition}: {c.error}")
@@ -113,10 +113,14 @@ def choose(model, devices: int, batch: int, memory_limit: float | None = None, c
         if need <= memory_limit:
             return dist
         tried.append(f"{c.partition}: {need / 1e9:.3g} GB per device")
+        too_large = True
     shown = "\n  ".join(tried) if tried else "(no split of the batch and grid axes over that many devices)"
+    fits = "" if memory_limit is None else f" in {memory_limit / 1e9:.3g} GB per device"
+    advice = ("Use more devices, a smaller batch, or FNO(..., remat=True) to save memory" if too_large
+              else "Use fewer devices: none of these splits plans" if tried
+              else "Use a device count that is a product of divisors of the batch and grid sizes")
     raise ValueError(f"{where}: no partition of (batch, channel, *grid) = {(batch, model.in_channels) + model.grid} "
-                     f"over {devices} devices plans and fits{'' if memory_limit is None else f' in {memory_limit / 1e9:.3g} GB per device'}"
-                     f"; tried:\n  {shown}\nUse more devices, a smaller batch, or FNO(..., remat=True) to save memory")
+                     f"over {devices} devices plans and fits{fits}; tried:\n  {shown}\n{advice}")
 
 
 def _reason(error: ValueError) -> str:
