@@ -4,13 +4,15 @@ partition, another partition or mesh, or a single device, and verified against a
 checksum of every shard written at save.
 
 ```python
+>>> import optax
 >>> from parop import checkpoint
+>>> op, key, opt = po.kron(po.Matrix(8, 8, name="w"), po.Identity(16)), jax.random.key(0), optax.adam(1e-3)
 >>> D = po.distribute(op, (1, 8)); θ = po.init(D, key); state = opt.init(θ)
 >>> checkpoint.save("run/ckpt", {"θ": θ, "opt": state}, step=100)
 >>> E = po.distribute(op, (2, 4)); θ2 = po.init(E, key)           # another partition
 >>> saved = checkpoint.restore("run/ckpt", {"θ": θ2, "opt": opt.init(θ2)})   # the latest step
->>> saved["θ"]["w"].sharding == θ2["w"].sharding                   # θ's values, θ2's shardings
-True
+>>> saved["θ"]["w"].sharding == θ2["w"].sharding, bool(np.array_equal(saved["θ"]["w"], θ["w"]))
+(True, True)
 ```
 
 A checkpoint is an orbax `CheckpointManager` directory, one standard pytree item per
@@ -55,7 +57,10 @@ def save(path: PathLike, tree: PyTree, *, step: int = 0, keep: int | None = None
     state on purpose).
 
     ```python
-    >>> checkpoint.save("ckpt", {"θ": θ, "opt": state}, step=100, keep=2)
+    >>> from parop import checkpoint
+    >>> checkpoint.save("ckpt", {"θ": {"w": jnp.ones((4, 4))}}, step=100, keep=2)
+    >>> checkpoint.latest_step("ckpt")
+    100
     ```
     """
     step = _check_save_args(step, keep)
@@ -120,8 +125,14 @@ def restore(path: PathLike, like: PyTree, *, step: int | None = None) -> PyTree:
     `ValueError` naming the arrays (and the shard) and the step.
 
     ```python
-    >>> θ2 = po.init(po.distribute(op, (2, 4)), key)     # only the shardings matter
-    >>> restored = checkpoint.restore("ckpt", {"θ": θ2, "opt": opt.init(θ2)})
+    >>> from jax.sharding import NamedSharding, PartitionSpec as P
+    >>> from parop import checkpoint
+    >>> checkpoint.save("ckpt", {"w": jnp.arange(16.0).reshape(4, 4)}, step=1)
+    >>> mesh = jax.make_mesh((2,), ("x",))
+    >>> like = {"w": jax.ShapeDtypeStruct((4, 4), jnp.float32, sharding=NamedSharding(mesh, P("x")))}
+    >>> restored = checkpoint.restore("ckpt", like)     # only `like`'s shapes and shardings matter
+    >>> restored["w"].sharding == like["w"].sharding, restored["w"].tolist()[3]
+    (True, [12.0, 13.0, 14.0, 15.0])
     ```
     """
     ocp = _orbax()

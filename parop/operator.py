@@ -197,7 +197,10 @@ class Operator:
         """`A(θ) @ x`. `x` is a tensor `domain_shape + batch` or flat `(N,)`/`(N, b)`.
 
         ```python
-        >>> y = A.apply({}, jnp.ones((8, 4)))
+        >>> A = po.kron(po.DFT(8), po.Identity(4, dtype="complex64"))
+        >>> y = A.apply({}, jnp.ones((8, 4), jnp.complex64))
+        >>> y.shape, y.dtype
+        ((8, 4), dtype('complex64'))
         ```
         """
         from .params import check_params
@@ -270,9 +273,13 @@ class Bound:
     `jax.vmap` (a batch of weights) and `jax.tree.map`.
 
     ```python
+    >>> A = po.Matrix(3, 2, name="A")
+    >>> θ, x = po.init(A, jax.random.key(0)), jnp.ones(2, jnp.float32)
     >>> y = A(θ) @ x          # the same as A.apply(θ, x)
     >>> x2 = A(θ).H @ y
     >>> g = jax.grad(lambda B: jnp.sum(B @ x))(A(θ)).params
+    >>> g["A"].tolist()       # d/dA of sum(A x): each row is x
+    [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
     ```
     """
 

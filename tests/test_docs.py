@@ -14,7 +14,7 @@ Two markers, an HTML comment on the line before a fence, say more:
 - `<!-- output -->` before a ```text block: what the ```python block before it
   prints, exactly (trailing spaces aside). The test compares them.
 
-Doctest-style `>>>` lines in docstrings are not part of this.
+The docstrings' `>>>` examples run as doctests in test_docstrings.py.
 """
 
 from __future__ import annotations

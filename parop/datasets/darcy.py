@@ -100,12 +100,12 @@ def darcy_flow(
     Example:
         ```python
         >>> from parop.datasets import darcy_flow
-        >>> a, u = darcy_flow(1000, 32, seed=0)
+        >>> a, u = darcy_flow(100, 32, seed=0)
         >>> a.shape, u.shape
-        ((1000, 32, 32), (1000, 32, 32))
-        >>> a3, u3 = darcy_flow(500, 24, dim=3, seed=0)
+        ((100, 32, 32), (100, 32, 32))
+        >>> a3, u3 = darcy_flow(4, 12, dim=3, seed=0)
         >>> u3.shape
-        (500, 24, 24, 24)
+        (4, 12, 12, 12)
         ```
     """
     blocks = darcy_blocks(n_samples, resolution, dim=dim, seed=seed, dtype=dtype)

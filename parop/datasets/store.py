@@ -54,8 +54,9 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
     whole; a process that holds part of a sample reads only its chunks.
 
     ```python
-    >>> write_darcy("data/darcy.zarr", 1000, 64, dim=3)             # one process
-    >>> write_darcy("data/darcy.zarr", 1000, 64, dim=3, part=(2, 8))  # task 2 of 8
+    >>> from parop.datasets import write_darcy
+    >>> write_darcy("data/darcy.zarr", 16, 32)                     # one process: 16 samples of 32²
+    >>> write_darcy("data/darcy3.zarr", 16, 12, dim=3, part=(2, 8))  # task 2 of 8: samples 4 and 5
     ```
     """
     index, count = _check_part(part)
@@ -113,10 +114,16 @@ def open_store(path: Any, inputs: str = "a", targets: str = "u") -> "StoreDatase
     *grid)`, read only when a batch asks for them.
 
     ```python
+    >>> from parop.datasets import open_store, write_darcy
+    >>> from parop.nn import FNO
+    >>> write_darcy("data/darcy.zarr", 16, 32)
     >>> ds = open_store("data/darcy.zarr")
     >>> len(ds), ds.inputs.shape
-    (1000, (1000, 1, 64, 64, 64))
+    (16, (16, 1, 32, 32))
+    >>> model = FNO((32, 32), width=4, modes=(4, 4), layers=1).distribute((2, 1, 2, 2))
     >>> a, u = ds.batch([3, 1, 4, 1], model.in_sharding)   # global arrays, read block by block
+    >>> a.shape, a.sharding == model.in_sharding
+    ((4, 1, 32, 32), True)
     ```
 
     Raises `FileNotFoundError` where `path` holds no zarr group, `ValueError` for a
@@ -226,9 +233,12 @@ class CountingStore(LocalStore):
     (`bytes_read`), to check what a process reads.
 
     ```python
+    >>> from parop.datasets import CountingStore, open_store, write_darcy
+    >>> write_darcy("data/darcy.zarr", 16, 32)
     >>> store = CountingStore("data/darcy.zarr")
-    >>> a, u = open_store(store).batch(range(8), model.in_sharding)
-    >>> store.bytes_read
+    >>> a, u = open_store(store).batch(range(8), None)     # None: one device's array
+    >>> store.bytes_read >= a.nbytes + u.nbytes
+    True
     ```
     """
 

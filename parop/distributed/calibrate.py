@@ -34,8 +34,10 @@ def calibrate(devices: Sequence[jax.Device] | None = None, *, small: int = 1 << 
     at which they exchange it).
 
     ```python
-    >>> cost = po.calibrate()                     # a few seconds
-    >>> cost.latency_bytes, cost.measured
+    >>> cost = po.calibrate(large=1 << 16, repeats=3)    # quick; the defaults take a few seconds
+    >>> sorted(cost.measured)
+    ['bandwidth_bytes_per_s', 'devices', 'fft_bytes_per_s', 'latency_s', 'platform']
+    >>> F = po.kron(po.DFT(16), po.DFT(16), po.DFT(16))
     >>> D = po.distribute(F, (2, 2, 2), cost=cost)
     ```
     """

@@ -47,7 +47,13 @@ def distribute_chain(
     >>> up = po.kron(po.Matrix(64, 8, name="up"), po.DFT(32), po.DFT(32))
     >>> down = po.kron(po.Matrix(8, 64, name="down"), po.DFT(32).inverse(), po.DFT(32).inverse())
     >>> D_up, D_down = po.distribute_chain([up, down], (1, 2, 4))
+    >>> D_up.out_sharding == D_down.in_sharding
+    True
+    >>> θ = {**po.init(D_up, jax.random.key(0)), **po.init(D_down, jax.random.key(1))}
+    >>> x = jnp.ones((8, 32, 32), jnp.complex64)
     >>> y = D_down(θ) @ jax.nn.gelu(D_up(θ) @ x)
+    >>> y.shape, y.dtype
+    ((8, 32, 32), dtype('complex64'))
     ```
     """
     ops = tuple(ops)

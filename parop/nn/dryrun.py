@@ -68,8 +68,10 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
     loss, as `fit` trains.
 
     ```python
-    >>> report = dry_run(FNO((64, 64, 64, 32), width=20, modes=(4, 4, 4, 8)), batch=1)
-    >>> report["memory_bytes"] / 1e9          # GB per device
+    >>> from parop.nn import FNO, dry_run
+    >>> report = dry_run(FNO((64, 64, 64, 32), width=20, modes=(4, 4, 4, 8)), batch=1)  # dfno's block
+    >>> round(report["memory_bytes"] / 1e9, 2)          # GB per device
+    28.95
     ```
     """
     if not isinstance(model, FNO):

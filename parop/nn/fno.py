@@ -110,11 +110,15 @@ class FNO:
     of any batch size, with the grid coordinates appended as `len(grid)` more channels.
 
     ```python
-    >>> model = FNO((32, 32), width=32, modes=(12, 12), layers=4)
+    >>> from parop.nn import FNO
+    >>> model = FNO((32, 32), width=8, modes=(8, 8), layers=2)
     >>> θ = model.init(jax.random.key(0))
-    >>> u = model.apply(θ, a)                      # a: (b, 1, 32, 32) -> (b, 1, 32, 32), any b
+    >>> a = jnp.ones((2, 1, 32, 32), jnp.float32)
+    >>> u = model.apply(θ, a)                      # (b, 1, 32, 32) -> (b, 1, 32, 32), any b
     >>> dist = model.distribute((1, 1, 2, 4))      # the same network over 8 devices
     >>> u2 = dist.apply(dist.init(jax.random.key(0)), a)
+    >>> u2.shape, bool(jnp.allclose(u2, u, atol=1e-6))
+    ((2, 1, 32, 32), True)
     ```
 
     `local_kernel=k` adds a `k`^d periodic convolution to each Fourier layer, beside the
@@ -301,8 +305,10 @@ class FNO:
         then the reference batch size.
 
         ```python
-        >>> dist = model.distribute(devices=8, batch=4, memory_limit=16e9)
-        >>> dist.partition                            # e.g. (1, 1, 2, 4)
+        >>> model = FNO((16, 16), width=4, modes=(4, 4), layers=1)
+        >>> dist = model.distribute(devices=8, batch=4)   # memory_limit=16e9: dry-runs it too
+        >>> dist.partition
+        (4, 1, 2, 1)
         ```"""
         if devices is not None or memory_limit is not None:
             if partition is not None or mesh is not None:

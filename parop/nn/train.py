@@ -44,8 +44,12 @@ class UnitGaussianNormalizer:
     """Pointwise mean and standard deviation over the samples (axis 0), as in Li et al.
 
     ```python
+    >>> from parop.nn import UnitGaussianNormalizer
+    >>> a_train = jnp.arange(24.0).reshape(4, 6)
     >>> norm = UnitGaussianNormalizer.fit(a_train)
     >>> a = norm.encode(a_train); a_back = norm.decode(a)
+    >>> bool(jnp.allclose(a.mean(axis=0), 0, atol=1e-6)), bool(jnp.allclose(a_back, a_train, atol=1e-5))
+    (True, True)
     ```
     """
 
@@ -132,7 +136,19 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
     `checkpoint.save`) or does not restore (damaged: see `parop.checkpoint.restore`).
 
     ```python
-    >>> θ, losses = fit(model, θ, a, u, steps=1200, batch=20, checkpoint="runs/fno", every=100)
+    >>> from parop.datasets import darcy_flow
+    >>> from parop.nn import FNO, fit
+    >>> model = FNO((16, 16), width=4, modes=(4, 4), layers=1)
+    >>> a, u = darcy_flow(8, 16)                      # (8, 16, 16) each
+    >>> θ0 = model.init(jax.random.key(0))
+    >>> θ, losses = fit(model, θ0, a[:, None], u[:, None], steps=4, batch=4, checkpoint="runs/fno", every=2,
+    ...                 progress=False)
+    >>> losses.shape
+    (4,)
+    >>> θ, again = fit(model, θ0, a[:, None], u[:, None], steps=4, batch=4, checkpoint="runs/fno", every=2,
+    ...                progress=False)                # resumed from step 4: nothing left to run
+    >>> bool(np.array_equal(again, losses))
+    True
     ```
     """
     n = _check_data("fit", model, a, u, batch)
@@ -303,7 +319,11 @@ def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = No
     `Dataset`, with no `u` (read as `fit` reads it, `prefetch` too).
 
     ```python
-    >>> error = evaluate(model, θ, a_test, u_test, batch=20, decode=u_norm.decode)
+    >>> from parop.nn import FNO, evaluate
+    >>> model = FNO((16,), width=4, modes=(4,), layers=1)
+    >>> θ, a = model.init(jax.random.key(0)), jnp.ones((6, 1, 16))
+    >>> evaluate(model, θ, a, model.apply(θ, a), batch=4) < 1e-6     # the model against itself
+    True
     ```
     """
     n = _check_data("evaluate", model, a, u, batch)

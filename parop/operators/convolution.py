@@ -159,7 +159,8 @@ class Correlation(Leaf):
 
         ```python
         >>> S = po.Stencil([1, -2, 1], (4,))
-        >>> S.extend(jnp.arange(4.0), 0, [0])      # [3, 0, 1, 2, 3, 0]
+        >>> S.extend(jnp.arange(4.0), 0, [0]).tolist()
+        [3.0, 0.0, 1.0, 2.0, 3.0, 0.0]
         ```
         """
         for a in axes:

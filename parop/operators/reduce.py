@@ -16,7 +16,9 @@ class Reduce(Leaf):
 
     ```python
     >>> S = po.kron(po.Reduce(8), po.Identity(100))
-    >>> S @ jnp.ones((8, 100))                 # shape (1, 100), all 8.0
+    >>> y = S @ jnp.ones((8, 100), jnp.float32)
+    >>> y.shape, float(y.min()), float(y.max())
+    ((1, 100), 8.0, 8.0)
     ```
     """
 
