@@ -445,7 +445,17 @@ class Search(LowerBound):
         (`rest`) as its bound. Operators alike but for their weights' names (a network's
         identical layers) share their exits, and so do layouts alike up to swapping mesh
         axes of equal size where that changes no cost. The route through each operator
-        is then the one its exits' search found to the layout chosen (`chain_route`)."""
+        is then the one its exits' search found to the layout chosen (`chain_route`).
+
+        The look-ahead bounds only a route's time: where it raises an item's time above
+        its operator's open routes', the bytes, collectives and weight bytes of those
+        routes bound nothing (a route of more time may reach the raised time with fewer),
+        only the cost so far does (the `sure` key). The search orders its items by the
+        raised time with the open route's later fields until it pops an end (that order
+        decides among plans of equal cost), then searches on, by the sure key, whatever
+        could still end cheaper, and keeps that end unless one costs strictly less: the
+        whole cost order (time, bytes, collectives, weight bytes held) is the exhaustive
+        search's."""
         n = len(root.segments)
         before = [root.before(i) for i in range(n)]
         progs = [root.prog.segment(i, root.sizes(before[i])) for i in range(n)]
@@ -484,16 +494,23 @@ class Search(LowerBound):
         start = self.intern(entry)
         best, back = {(0, start): ZERO}, {}
         tie = itertools.count()
-        heap = [((self.rest(root, 0, start, goal),) + ZERO[1:], next(tie), ZERO, 0, start, None)]
+        first = (self.rest(root, 0, start, goal),) + ZERO[1:]
+        heap = [(first, next(tie), ZERO, 0, start, None, first)]
+        end = None  # (cost, layout) of the cheapest end popped; from then on the heap is keyed by `sure`
         while heap:
-            key, _, cost, i, lay, k = heapq.heappop(heap)
-            if key[0] == math.inf:
-                break  # no route through the rest of the chain from anywhere still open
+            key, _, cost, i, lay, k, sure = heapq.heappop(heap)
+            if key[0] == math.inf or (end is not None and key >= end[0]):
+                break  # no route through the rest of the chain from anywhere still open (cheaper than `end`)
             if best[(i, lay)] < cost:
                 continue
             if k is None:  # operator i starts from `lay`
                 if i == n:
-                    return self.chain_route(root, progs, (i, lay), back, goal, searched)
+                    if end is None:  # see `sure` below: the items whose time ties the end's are searched on
+                        heap = [(s, t, c, j, at, e, s) for _, t, c, j, at, e, s in heap]
+                        heapq.heapify(heap)
+                    if end is None or cost < end[0]:
+                        end = (cost, lay)
+                    continue
                 k = 0
             elif k < len(exits(i, lay)[0].found):  # the k-th exit of operator i from `lay`
                 found, names = exits(i, lay)
@@ -503,8 +520,8 @@ class Search(LowerBound):
                 if total < best.get((i + 1, out), INFINITE):
                     best[(i + 1, out)] = total
                     back[(i + 1, out)] = lay
-                    bound = self.rest(root, i + 1, out, goal)
-                    heapq.heappush(heap, ((total[0] + bound,) + total[1:], next(tie), total, i + 1, out, None))
+                    reach = (total[0] + self.rest(root, i + 1, out, goal),) + total[1:]
+                    heapq.heappush(heap, (reach, next(tie), total, i + 1, out, None, reach))
                 if i == n - 1:  # the last operator: its first exit is the one
                     continue
                 k += 1
@@ -517,12 +534,19 @@ class Search(LowerBound):
                 if least is None:
                     break
                 total = _add(cost, least)
-                key = (max(total[0] + ahead[0], cost[0] + ahead[1]),) + total[1:]
+                time, floor = total[0] + ahead[0], cost[0] + ahead[1]
+                # `least`'s later fields are those of the operator's open route of least time, which bound
+                # the routes of that time only: where the look-ahead raises the time to `floor`, a route of
+                # more time may reach it with fewer bytes, and only the cost so far bounds them (`sure`)
+                sure = (time,) + total[1:] if time >= floor else (floor,) + cost[1:]
+                key = (max(time, floor),) + total[1:] if end is None else sure
                 if k < len(found.found) or (heap and heap[0][0] < key):
-                    heapq.heappush(heap, (key, next(tie), cost, i, lay, k))
+                    heapq.heappush(heap, (key, next(tie), cost, i, lay, k, sure))
                     break
                 found.step()  # still the cheapest item: search on
-        raise PlanningError("no plan exists")
+        if end is None:
+            raise PlanningError("no plan exists")
+        return self.chain_route(root, progs, (n, end[1]), back, goal, searched)
 
     def chain_route(self, root: Context, progs: list, end: tuple, back: dict, goal: Goal, searched: dict):
         """`(cost, actions)` through the chain's operators, each from the layout it starts
