@@ -111,14 +111,14 @@ class FNO:
 
     ```python
     >>> from parop.nn import FNO
-    >>> model = FNO((32, 32), width=8, modes=(8, 8), layers=2)
+    >>> model = FNO((16, 16), width=4, modes=(4, 4), layers=1)
     >>> θ = model.init(jax.random.key(0))
-    >>> a = jnp.ones((2, 1, 32, 32), jnp.float32)
-    >>> u = model.apply(θ, a)                      # (b, 1, 32, 32) -> (b, 1, 32, 32), any b
+    >>> a = jnp.ones((4, 1, 16, 16), jnp.float32)
+    >>> u = model.apply(θ, a)                      # (b, 1, 16, 16) -> (b, 1, 16, 16), any b
     >>> dist = model.distribute((1, 1, 2, 4))      # the same network over 8 devices
     >>> u2 = dist.apply(dist.init(jax.random.key(0)), a)
     >>> u2.shape, bool(jnp.allclose(u2, u, atol=1e-6))
-    ((2, 1, 32, 32), True)
+    ((4, 1, 16, 16), True)
     ```
 
     `local_kernel=k` adds a `k`^d periodic convolution to each Fourier layer, beside the

@@ -506,7 +506,7 @@ class Search(LowerBound):
             if k is None:  # operator i starts from `lay`
                 if i == n:
                     if end is None:  # see `sure` below: the items whose time ties the end's are searched on
-                        heap = [(s, t, c, j, at, e, s) for _, t, c, j, at, e, s in heap]
+                        heap = [(item[-1],) + item[1:] for item in heap]
                         heapq.heapify(heap)
                     if end is None or cost < end[0]:
                         end = (cost, lay)
