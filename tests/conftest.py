@@ -1,14 +1,17 @@
 """Test set-up: 8 forced CPU host devices (before jax is imported), float64 enabled,
 strict dtype promotion so that an accidental upcast fails loudly.
 
-XLA:CPU generates code with LLVM at optimisation level 0, in both passes: the same HLO
-programs (fusions, layouts, collectives) and the same IEEE operations (XLA:CPU uses no
-fast-math either way), compiled in about 60% of the time, which is most of what the
-suite's many small programs cost (the benchmark smoke test's subprocess inherits it, and
-the multi-process tests' workers are given it). Not always the same roundings: about
-half of `jax.random.uniform`'s values differ in the last bit from a default build's
-(the random bits are the same). The notebooks and the demo run in processes of their
-own and compile as users do.
+XLA:CPU compiles quickly here (`COMPILE_FLAGS`), in both passes: LLVM at optimisation
+level 0, and fusions emitted by XLA's older emitters (not its MLIR fusion emitters),
+where this jaxlib has that flag. The same HLO programs (collectives, layouts, fusions;
+only a lone slice, pad or reduction is not wrapped in a fusion of its own) and the same
+IEEE operations (XLA:CPU uses no fast-math either way), compiled in about a quarter of
+the time, which is most of what the suite's many small programs cost (the
+benchmark smoke test's subprocess inherits the flags, and the multi-process tests'
+workers are given them). Not always the same roundings: about half of
+`jax.random.uniform`'s values differ in the last bit from a default build's (the random
+bits are the same). The notebooks and the demo run in processes of their own and
+compile as users do.
 
 Compiled programs are shared between the tests of one run through JAX's persistent
 compilation cache, in a fresh temporary directory (`PAROP_JAX_CACHE`, set once by the
@@ -16,15 +19,32 @@ pytest process that starts the run, so its xdist workers share it, and removed a
 end; `.ci/run` sets it for both of its passes): many tests compile the same small
 programs, and the cache key is the whole program and its compile options."""
 
+import importlib.util
+import mmap
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 LONG = os.environ.get("PAROP_LONG_TESTS") == "1"
 
+
+def _xla_knows(flag: str) -> bool:
+    """Whether this jaxlib's XLA has the flag `flag`: its name is in one of jaxlib's
+    libraries. XLA ends the process on an unknown flag in `XLA_FLAGS`, and a later jaxlib
+    may drop one that only picks an implementation."""
+    for library in Path(importlib.util.find_spec("jaxlib").origin).parent.glob("*.so"):
+        with open(library, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
+            if text.find(flag.encode()) >= 0:
+                return True
+    return False
+
+
+COMPILE_FLAGS = " ".join(["--xla_backend_optimization_level=0"] + [
+    f"--{flag}=false" for flag in ["xla_cpu_use_fusion_emitters"] if _xla_knows(flag)])
+
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [
-    os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8",
-    "--xla_backend_optimization_level=0",
+    os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8", COMPILE_FLAGS,
 ]))
 
 import jax  # noqa: E402

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import COMPILE_FLAGS
+
 WORKER = Path(__file__).with_name("multiprocess_worker.py")
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 120.0  # seconds for a whole multi-process run
@@ -46,11 +48,11 @@ def free_port() -> int:
 
 def worker_env(devices: int = 4) -> dict[str, str]:
     """The workers' environment, set explicitly: nothing of this process's XLA/JAX
-    settings (the conftest's 8 forced devices) leaks into it; LLVM at -O0, as in the
+    settings (the conftest's 8 forced devices) leaks into it; compiled quickly, as in the
     suite's own processes (see conftest)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_", "PYTHONPATH"))}
     env.update(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {COMPILE_FLAGS}",
         JAX_PLATFORMS="cpu",
         PYTHONPATH=str(REPO),
         PYTHONUNBUFFERED="1",
@@ -229,6 +231,6 @@ def test_hanging_workers_time_out_and_are_killed():
 
 def test_workers_get_their_own_device_count():
     env = worker_env()
-    assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+    assert env["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=4 {COMPILE_FLAGS}"
     assert "8" not in env["XLA_FLAGS"]
     assert env["PYTHONPATH"] == str(REPO)
