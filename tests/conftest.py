@@ -30,12 +30,14 @@ LONG = os.environ.get("PAROP_LONG_TESTS") == "1"
 
 
 def _xla_knows(flag: str) -> bool:
-    """Whether this jaxlib's XLA has the flag `flag`: its name is in one of jaxlib's
-    libraries. XLA ends the process on an unknown flag in `XLA_FLAGS`, and a later jaxlib
-    may drop one that only picks an implementation."""
+    """Whether this jaxlib's XLA has the flag `flag`: its name is a string constant of one
+    of jaxlib's libraries, as XLA registers it (not only a field of its options' message,
+    which may outlive the flag). XLA ends the process on an unknown flag in `XLA_FLAGS`,
+    and a later jaxlib may drop one that only picks an implementation."""
+    name = b"\0" + flag.encode() + b"\0"
     for library in Path(importlib.util.find_spec("jaxlib").origin).parent.glob("*.so"):
         with open(library, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
-            if text.find(flag.encode()) >= 0:
+            if text.find(name) >= 0:
                 return True
     return False
 
