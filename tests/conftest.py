@@ -42,8 +42,8 @@ def _xla_knows(flag: str) -> bool:
     return False
 
 
-COMPILE_FLAGS = " ".join(["--xla_backend_optimization_level=0"] + [
-    f"--{flag}=false" for flag in ["xla_cpu_use_fusion_emitters"] if _xla_knows(flag)])
+COMPILE_FLAGS = "--xla_backend_optimization_level=0" + (
+    " --xla_cpu_use_fusion_emitters=false" if _xla_knows("xla_cpu_use_fusion_emitters") else "")
 
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [
     os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8", COMPILE_FLAGS,
