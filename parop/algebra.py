@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _dtypes
 from .operator import Operator, Params, input_dtype
+from .operators import dft
 
 
 def _check_operators(where: str, ops) -> None:
@@ -109,8 +110,12 @@ class Kron(Operator):
 
     def _apply(self, θ: Params, x: jax.Array, axis: int) -> jax.Array:
         order, _ = self.schedule(x.dtype)
-        for i in order:
-            x = self.factors[i]._apply(θ, x, axis + self.offsets[i])
+        # consecutive DFTs run as one multi-axis FFT: one FFT op for XLA, not one per axis
+        for item in dft.fused_runs(order, lambda i: (self.factors[i], axis + self.offsets[i])):
+            if isinstance(item, list):
+                x = dft.apply_fused(item, x)
+            else:
+                x = self.factors[item]._apply(θ, x, axis + self.offsets[item])
         return x
 
     def children(self):

@@ -13,6 +13,12 @@ workers are given them). Not always the same roundings: about half of
 bits are the same). The notebooks and the demo run in processes of their own and
 compile as users do.
 
+On a GPU (`python benchmarks/gpu.py` runs the serial tests there) float32 and complex64
+products run at full precision (`jax_default_matmul_precision="highest"`): JAX's default
+on NVIDIA GPUs multiplies float32 in TF32 (10-bit mantissas, errors of about 1e-3 of
+the result), which the 32-bit tolerances here, set for float32 arithmetic, do not
+allow. On the CPU the setting changes nothing.
+
 Compiled programs are shared between the tests of one run through JAX's persistent
 compilation cache, in a fresh temporary directory (`PAROP_JAX_CACHE`, set once by the
 pytest process that starts the run, so its xdist workers share it, and removed at its
@@ -59,6 +65,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+if jax.default_backend() == "gpu":
+    jax.config.update("jax_default_matmul_precision", "highest")
 
 import pytest  # noqa: E402
 

@@ -47,25 +47,15 @@ def _weight_key(visit: Visit) -> WeightKey | None:
     return None if spec is None else (action.step.leaf.name, spec_of(spec))
 
 
-def _fuse_ffts(visits) -> list:
-    """`visits` with each run of consecutive local DFTs (see `dft.fusable`) as one list
-    `[(leaf, axis), ...]`, which runs as a single multi-axis FFT."""
-    out: list = []
-    for visit in visits:
-        action = visit.action
-        leaf = action.step.leaf if isinstance(action, Local) else None
-        axis = action.step.axes[0] if leaf is not None else None
-        if leaf is not None and out and isinstance(out[-1], list) and dft.fusable(out[-1], leaf, axis):
-            out[-1].append((leaf, axis))
-        elif leaf is not None and dft.fusable([], leaf, axis):
-            out.append([(leaf, axis)])
-        else:
-            out.append(visit)
-    return out
+def _leaf_axis(visit: Visit):
+    """A local step's leaf and its first axis, for `dft.fused_runs` (None for no leaf)."""
+    action = visit.action
+    leaf = action.step.leaf if isinstance(action, Local) else None
+    return None if leaf is None else (leaf, action.step.axes[0])
 
 
 def _run(visits, x: jax.Array, weights: dict, scalars: tuple, mesh: Mesh) -> jax.Array:
-    for visit in _fuse_ffts(visits):
+    for visit in dft.fused_runs(visits, _leaf_axis):
         if isinstance(visit, list):
             x = dft.apply_fused(visit, x)
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Iterable, TypeVar
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -10,6 +12,7 @@ from .._dtypes import Flow
 from .base import Leaf, Role, positive_int
 from .diagonal import along
 
+T = TypeVar("T")
 NORMS = ("backward", "ortho", "forward")
 _DUAL = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
 
@@ -131,6 +134,22 @@ def fusable(run: list, leaf, axis: int) -> bool:
     if isinstance(leaf, DFT):
         return not leaf.real
     return not any(l.real for l, _ in run)
+
+
+def fused_runs(items: Iterable[T], leaf_axis: Callable[[T], tuple[Leaf, int] | None]) -> list:
+    """`items` in order, with each run of consecutive DFTs that one multi-axis FFT can
+    apply (`fusable`) as one list `[(leaf, axis), ...]` for `apply_fused`; `leaf_axis(item)`
+    is the item's leaf and the axis it acts on, or None where the item is no such leaf."""
+    out: list = []
+    for item in items:
+        pair = leaf_axis(item)
+        if pair is not None and out and isinstance(out[-1], list) and fusable(out[-1], *pair):
+            out[-1].append(pair)
+        elif pair is not None and fusable([], *pair):
+            out.append([pair])
+        else:
+            out.append(item)
+    return out
 
 
 def apply_fused(run: list, x):
