@@ -19,8 +19,8 @@ runs anywhere, also on the CPU: a smoke test). What it does, in this order:
    it reached;
 3. the FNO training step (Adam, relative L2 loss, float32): the Darcy protocol's 2-D
    model (batch 20, 32², width 32, modes 12², 4 layers) and 3-D models that fill more
-   of the GPU (64³ and 96³, width 20, modes 16³, batch 4): parop serial, parop on a
-   one-device mesh, the plain-JAX FNO (`benchmarks/plain_fno.py`, from parop's
+   of the GPU (64³ and 96³, width 20, modes 16³, batch 4): parop serial (also with
+   `remat=True`), parop on a one-device mesh, the plain-JAX FNO (`benchmarks/plain_fno.py`, from parop's
    initial parameters) timed interleaved (`_harness.run_group`), every loss checked
    against the plain model's, and neuraloperator's FNO configured as the same network
    (`benchmarks/gpu_torch.py`, PyTorch, in a child process, after the JAX candidates);
@@ -215,8 +215,9 @@ def fno_inputs(grid, batch):
 
 def fno_steps(case: dict) -> tuple[dict[str, tuple], float]:
     """`case`'s FNO training steps, each `(jitted step, its arguments)` (the step returns
-    `(θ, state, loss)`): parop serial, parop on a one-device mesh, and the plain-JAX FNO
-    from parop's initial parameters; and the plain model's loss, in float64."""
+    `(θ, state, loss)`): parop serial, with and without remat, parop on a one-device
+    mesh, and the plain-JAX FNO from parop's initial parameters; and the plain model's
+    loss, in float64."""
     grid, batch, layers = tuple(case["grid"]), case["batch"], case["layers"]
     model = FNO(grid, width=case["width"], modes=tuple(case["modes"]), layers=layers)
     θ = model.init(jax.random.key(0))
@@ -231,7 +232,9 @@ def fno_steps(case: dict) -> tuple[dict[str, tuple], float]:
 
     plain = plain_fno.params_from_parop(θ, layers)
     plain_loss = lambda p, x, y: relative_l2(plain_fno.apply(p, x[:, 0])[:, None], y)  # noqa: E731
+    remat = FNO(grid, width=case["width"], modes=tuple(case["modes"]), layers=layers, remat=True)
     steps = {"parop serial": parop_step(model),
+             "parop serial, remat=True": parop_step(remat),
              "parop, one-device mesh": parop_step(model.distribute((1,) * (2 + len(grid)), batch=batch)),
              "plain JAX FNO": (adam_step(plain_loss, optimizer), (plain, optimizer.init(plain), a, u))}
     return steps, float(plain_loss(plain, a, u))
