@@ -386,7 +386,7 @@ def markdown(data: dict) -> str:
              f"jaxlib {m['jaxlib']}, numpy {m['numpy']}, Python {m['python']}; {m['cpu']}, {m['cores']} cores; "
              f"{m['date']}.", ""]
     if "bandwidth" in s:
-        lines += ["Copy bandwidth (bytes read + written per second, best of 50 calls): " + ", ".join(
+        lines += ["Copy bandwidth (bytes read + written per second; the best of 50 calls unless named): " + ", ".join(
             f"`{name}` {rate / 1e12:.2f} TB/s" for name, rate in s["bandwidth"].items()) + ".", ""]
     if "fft" in s:
         lines += ["## 3-D FFTs", "", table(
