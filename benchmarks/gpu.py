@@ -482,8 +482,10 @@ def main() -> int:
             g = fno_group(case)
             log(f"  fno {g.problem}")
             run_group(g, **TIMING[args.quick], log=log)
+            plain = g.results[g.yardstick].median
             rows = [{"candidate": r[2], "median_s": g.results[r[2]].median, "check": r[6], "note": r[7],
-                     "ratio": None if r[5] == "–" else float(r[5])} for r in timing_rows([g])]
+                     "ratio": g.results[r[2]].median / plain if g.results[r[2]].median and plain else None}
+                    for r in timing_rows([g])]
             fno.append({"problem": g.problem, "case": case, "rows": rows})
             report.add("fno", fno)
             del g

@@ -110,12 +110,14 @@ class Kron(Operator):
 
     def _apply(self, θ: Params, x: jax.Array, axis: int) -> jax.Array:
         order, _ = self.schedule(x.dtype)
+        steps = [(self.factors[i], axis + self.offsets[i]) for i in order]
         # consecutive DFTs run as one multi-axis FFT: one FFT op for XLA, not one per axis
-        for item in dft.fused_runs(order, lambda i: (self.factors[i], axis + self.offsets[i])):
+        for item in dft.fused_runs(steps, lambda step: step):
             if isinstance(item, list):
                 x = dft.apply_fused(item, x)
             else:
-                x = self.factors[item]._apply(θ, x, axis + self.offsets[item])
+                factor, at = item
+                x = factor._apply(θ, x, at)
         return x
 
     def children(self):

@@ -17,7 +17,7 @@ On a GPU (`python benchmarks/gpu.py` runs the serial tests there) float32 and co
 products run at full precision (`jax_default_matmul_precision="highest"`): JAX's default
 on NVIDIA GPUs multiplies float32 in TF32 (10-bit mantissas, errors of about 1e-3 of
 the result), which the 32-bit tolerances here, set for float32 arithmetic, do not
-allow. On the CPU the setting changes nothing.
+allow. Elsewhere JAX's default stands (XLA:CPU multiplies float32 at full precision).
 
 Compiled programs are shared between the tests of one run through JAX's persistent
 compilation cache, in a fresh temporary directory (`PAROP_JAX_CACHE`, set once by the
