@@ -194,3 +194,4 @@ def test_consecutive_dfts_of_a_kron_run_as_one_fft(factors, ffts):
     assert hlo.count(" fft(") == ffts
     want = np.asarray(apply_dense(op, θ, x))
     np.testing.assert_allclose(np.asarray(op(θ) @ x), want, atol=2e-5 * float(np.abs(want).max()))
+    assert po.testing.dot_test(op, θ) < 1e-4
