@@ -213,11 +213,11 @@ def fno_inputs(grid, batch):
     return a, u
 
 
-def fno_steps(case: dict) -> tuple[dict[str, tuple], float]:
+def fno_steps(case: dict, names: tuple[str, ...] | None = None) -> tuple[dict[str, tuple], float]:
     """`case`'s FNO training steps, each `(jitted step, its arguments)` (the step returns
     `(θ, state, loss)`): parop serial, with and without remat, parop on a one-device
-    mesh, and the plain-JAX FNO from parop's initial parameters; and the plain model's
-    loss, in float64."""
+    mesh, and the plain-JAX FNO from parop's initial parameters (only those `names`,
+    where given); and the plain model's loss, in float64."""
     grid, batch, layers = tuple(case["grid"]), case["batch"], case["layers"]
     model = FNO(grid, width=case["width"], modes=tuple(case["modes"]), layers=layers)
     θ = model.init(jax.random.key(0))
@@ -233,10 +233,11 @@ def fno_steps(case: dict) -> tuple[dict[str, tuple], float]:
     plain = plain_fno.params_from_parop(θ, layers)
     plain_loss = lambda p, x, y: relative_l2(plain_fno.apply(p, x[:, 0])[:, None], y)  # noqa: E731
     remat = FNO(grid, width=case["width"], modes=tuple(case["modes"]), layers=layers, remat=True)
-    steps = {"parop serial": parop_step(model),
-             "parop serial, remat=True": parop_step(remat),
-             "parop, one-device mesh": parop_step(model.distribute((1,) * (2 + len(grid)), batch=batch)),
-             "plain JAX FNO": (adam_step(plain_loss, optimizer), (plain, optimizer.init(plain), a, u))}
+    builders = {"parop serial": lambda: parop_step(model),
+                "parop serial, remat=True": lambda: parop_step(remat),
+                "parop, one-device mesh": lambda: parop_step(model.distribute((1,) * (2 + len(grid)), batch=batch)),
+                "plain JAX FNO": lambda: (adam_step(plain_loss, optimizer), (plain, optimizer.init(plain), a, u))}
+    steps = {name: build() for name, build in builders.items() if names is None or name in names}
     return steps, float(plain_loss(plain, a, u))
 
 
@@ -297,10 +298,9 @@ def kernels(case: dict) -> dict[str, dict[str, int]]:
     """The instructions of the compiled training step's entry computation by opcode
     (fusions, FFTs, library calls: each one kernel or more), for parop serial and the
     plain-JAX FNO: where one step launches more work than the other."""
-    steps, _ = fno_steps(case)
+    steps, _ = fno_steps(case, ("parop serial", "plain JAX FNO"))
     out = {}
-    for name in ("parop serial", "plain JAX FNO"):
-        step, args = steps[name]
+    for name, (step, args) in steps.items():
         entry = step.lower(*args).compile().as_text().split("\nENTRY ", 1)[1].split("\n}", 1)[0]
         ops = [m.group(1) for line in entry.splitlines()[1:] if " = " in line
                for m in [re.search(r" ([a-z][\w-]*)\(", line.split(" = ", 1)[1])] if m]

@@ -35,6 +35,18 @@ from pathlib import Path
 LONG = os.environ.get("PAROP_LONG_TESTS") == "1"
 
 
+def child_env(*dropped: str, **values: str) -> dict[str, str]:
+    """This process's environment for a child process (a benchmark, the demo, a
+    command), less the variables `dropped` and with `values` set: a child that sets its
+    own device count or dtypes must not inherit this suite's.
+
+    >>> child_env("XLA_FLAGS", JAX_PLATFORMS="cpu")["JAX_PLATFORMS"]
+    'cpu'"""
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env.update(values)
+    return env
+
+
 def _xla_knows(flag: str) -> bool:
     """Whether this jaxlib's XLA has the flag `flag`: its name is a string constant of one
     of jaxlib's libraries, as XLA registers it (not only a field of its options' message,

@@ -288,7 +288,6 @@ def restore_damaged_shard(directory: str) -> str:
     from pathlib import Path
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from jax.experimental import multihost_utils
 

@@ -148,7 +148,12 @@ def test_integer_and_boolean_input_is_cast_to_the_operator_dtype():
     (lambda: po.PerModeMatrix(2, 3, 4), TypeError,
      "PerModeMatrix: modes must be a sequence of positive ints, one per mode axis (modes=(12, 7) for a "
      "2-D spectrum), got 4"),
+    (lambda: po.PerModeMatrix(2, 3, np.array(4)), TypeError,
+     "PerModeMatrix: modes must be a sequence of positive ints, one per mode axis (modes=(12, 7) for a "
+     "2-D spectrum), got array(4)"),
     (lambda: po.PerModeMatrix(2, 3, (4, 0)), ValueError, "PerModeMatrix: each mode count must be a positive int, got 0"),
+    (lambda: po.DFT(8, norm=np.ones(2)), ValueError,
+     "DFT: norm must be one of ('backward', 'ortho', 'forward'), got array([1., 1.])"),
     (lambda: (0 * po.DFT(8)).inverse(), ValueError, "0·DFT(8) has no inverse: its scalar is zero"),
     (lambda: (jnp.float32(0) * po.DFT(8)).inverse(), ValueError, "c·DFT(8) has no inverse: its scalar is zero"),
     (lambda: po.Identity(4, "int32"), TypeError,

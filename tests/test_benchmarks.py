@@ -4,12 +4,13 @@ result matches NumPy, and the compiled programs hold the collectives the plans s
 Timing ratios are not asserted: CI timing is noisy."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "benchmarks" / "run.py"
@@ -26,7 +27,7 @@ EXPECTED_ALL_TO_ALL = {
 def _env():
     """This process's environment for `run.py`, which sets its own device count in
     `XLA_FLAGS` and keeps the rest (the suite's compile settings, see conftest)."""
-    return {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "JAX_ENABLE_X64")}
+    return child_env("JAX_PLATFORMS", "JAX_ENABLE_X64")
 
 
 def quick_run(out: Path):

@@ -13,7 +13,6 @@ import numpy as np
 import optax
 import pytest
 
-import parop as po
 from parop import checkpoint
 from parop.nn import as_complex, as_real, fit
 from test_train import Tiny, data

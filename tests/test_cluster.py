@@ -10,11 +10,10 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from test_multiprocess import REPO, free_port, worker_env
+from test_multiprocess import REPO, worker_env
 
 DOC = REPO / "docs" / "cluster.md"
 TASKS = 2

@@ -296,7 +296,9 @@ def test_repr():
     (lambda: po.Convolution(2, 2, (-1,), (8,)), ValueError, r"Convolution: each kernel size must be a positive int"),
     (lambda: po.Convolution(2, 2, 3, (8,)), TypeError, r"Convolution: kernel must be a sequence"),
     (lambda: po.Convolution(2, 2, (), ()), ValueError, r"Convolution: kernel must have at least one axis"),
-    (lambda: po.Convolution(2, 2, (3,), (8,), dtype="int32"), TypeError, r"Convolution: dtype must be a float"),
+    (lambda: po.Convolution(2, 2, (3,), (8,), dtype="int32"), TypeError, r"Convolution: dtype must be one of bfloat16, float16, float32, float64, complex64, complex128, got int32$"),
+    (lambda: po.Convolution(2, 2, (3,), (8,), dtype=0), TypeError, r"Convolution: dtype must be one of .*, got 0$"),
+    (lambda: po.Convolution(2, 2, (3,), (8,), boundary=np.ones(2)), ValueError, r"Convolution: boundary must be"),
     (lambda: po.Stencil([1, -2], (8,)), ValueError, r"Stencil: kernel size 2 along spatial axis 0 is even"),
     (lambda: po.Stencil([1, -2, 1], (8, 8)), ValueError, r"Stencil: weights of shape \(3,\) have 1 axes but the grid"),
     (lambda: po.Stencil([1, -2, 1], (8,), "wrap"), ValueError, r"Stencil: boundary must be"),
@@ -304,7 +306,9 @@ def test_repr():
     (lambda: po.Stencil([1, -2, 1], (-8,)), ValueError, r"Stencil: each grid size must be a positive int"),
     (lambda: po.Stencil(np.ones((1, 0)), (8, 8)), ValueError, r"Stencil: each weights size must be a positive int"),
     (lambda: po.Stencil(["a", "b", "c"], (8,)), TypeError, r"Stencil: weights must be an array of numbers"),
-    (lambda: po.Stencil([1, 1, 1], (8,), dtype="int8"), TypeError, r"Stencil: dtype must be a float"),
+    (lambda: po.Stencil([1, 1, 1], (8,), dtype="int8"), TypeError, r"Stencil: dtype must be one of bfloat16, float16, float32, float64, complex64, complex128, got int8$"),
+    (lambda: po.Stencil([1, 1, 1], (8,), dtype="zero"), TypeError, r"Stencil: dtype must be one of .*, got 'zero'$"),
+    (lambda: po.Stencil([1, -2, 1], (8,), np.ones(2)), ValueError, r"Stencil: boundary must be"),
 ])
 def test_bad_input(make, error, match):
     with pytest.raises(error, match=match):

@@ -2,6 +2,7 @@
 collectives, on 1, 2, 4 and 8 forced CPU devices."""
 
 import math
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +11,9 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
 import parop as po
+from parop.distributed.hlo import _instructions
 from parop.distributed.layout import sharding
+from parop.nn import FNO
 from reference import pairing, random_array, random_params, random_tree, serial_results
 
 
@@ -52,6 +55,37 @@ def test_batch_channel_xy_fft_auto_takes_two():
     D = po.distribute(F, (1, 1, 2, 4), out_partition="auto")
     assert collectives(hlo(D, x))["all-to-all"] == 2
     np.testing.assert_allclose(np.asarray(D @ x), np.fft.fft2(np.asarray(x)), atol=1e-3)
+
+
+# -- on one device, the serial program ------------------------------------------------------
+
+def instructions(f, *args) -> Counter:
+    """The compiled program of `jit(f)(*args)`: its instructions, `(opcode, shape)`, counted."""
+    text = jax.jit(f).lower(*args).compile().as_text()
+    return Counter((opcode, shape) for _, shape, opcode, _, _ in _instructions(text))
+
+
+@pytest.mark.parametrize("case", ["c2c 3-D DFT", "r2c 3-D DFT", "2-D FNO"])
+def test_on_one_device_the_program_is_the_serial_operators(case):
+    """Distributed over a one-device mesh, an operator compiles to what the serial
+    operator compiles to, instruction for instruction, forward and gradient: the
+    distributed layer costs nothing where there is nothing to move."""
+    rng = np.random.default_rng(0)
+    if case == "2-D FNO":
+        model = FNO((16, 16), width=4, modes=(4, 4), layers=2)
+        θ, x = model.init(jax.random.key(0)), jnp.asarray(random_array(rng, (2, 1, 16, 16), np.float32))
+        serial, one = model.apply, model.distribute((1, 1, 1, 1), batch=2).apply
+    else:
+        real = case.startswith("r2c")
+        op = po.kron(po.DFT(8), po.DFT(8), po.DFT(8, dtype=jnp.float32 if real else jnp.complex64))
+        θ, x = {}, jnp.asarray(random_array(rng, (8, 8, 8), np.float32 if real else np.complex64))
+        serial, one = op.apply, po.distribute(op, (1, 1, 1)).apply
+    assert instructions(one, θ, x) == instructions(serial, θ, x)
+    if θ:
+        def gradient(apply):
+            return jax.grad(lambda θ, x: jnp.sum(jnp.abs(apply(θ, x)) ** 2))
+
+        assert instructions(gradient(one), θ, x) == instructions(gradient(serial), θ, x)
 
 
 # -- the first examples (README's "Distributed" section) -----------------------------------

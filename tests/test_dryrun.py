@@ -4,7 +4,6 @@ serial and distributed), the partition search (`FNO.distribute(devices=N, batch=
 and the command line. The large cases and timings are in `benchmarks/will_it_fit.py`."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import child_env
 from parop.distributed.hlo import collectives
 from parop.distributed.plan import PlanningError
 from parop.nn import FNO, dry_run, relative_l2
@@ -133,7 +133,7 @@ def test_a_network_with_no_plan_points_to_the_partition_search_and_that_to_fewer
 
 
 def test_the_command_line_prints_json():
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_ENABLE_X64",)}
+    env = child_env("JAX_ENABLE_X64")
     proc = subprocess.run(
         [sys.executable, "-m", "parop.nn.dryrun", "--grid", "16", "16", "--width", "4", "--modes", "4", "4",
          "--layers", "1", "--projection", "8", "--partition", "1", "1", "2", "1", "--batch", "1", "--json"],

@@ -170,10 +170,29 @@ def test_darcy_training_improves_and_matches():
     (dict(grid=(8, 8), width=0), "width must be a positive int"),
     (dict(grid=(8, 8), local_kernel=2), "local_kernel must be an odd positive int"),
     (dict(grid=(8, 8), dtype=jnp.bfloat16), "dtype must be float32 or float64"),
+    (dict(grid=(8, 8), dtype="mystery"), r"dtype must be float32 or float64 .*, got 'mystery'$"),
+    (dict(grid=(8, 8), local_kernel=True), "local_kernel must be an odd positive int"),
+    (dict(grid=np.ones((2, 2), int)), "grid must be 1 to 4 positive ints"),
+    (dict(grid=(8, 8), modes=(4, np.float32(4))), r"modes\[1\] must be a positive int"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         FNO(**kwargs)
+
+
+def test_numpy_integers_count_as_ints():
+    """Sizes read from NumPy (a config array, `np.prod`) are taken as the ints they hold;
+    `dtype=None` is the default, float32."""
+    model = FNO(np.array([8, 8]), width=np.int64(4), modes=(np.int64(4), 3), layers=np.int32(1),
+                projection=np.int16(8), local_kernel=np.int64(3), dtype=None)
+    plain = FNO((8, 8), width=4, modes=(4, 3), layers=1, projection=8, local_kernel=3)
+    for field in ("grid", "width", "modes", "n_layers", "projection", "local_kernel", "dtype"):
+        assert getattr(model, field) == getattr(plain, field), field
+    assert all(type(n) is int for n in (*model.grid, *model.modes, model.width, model.n_layers, model.local_kernel))
+    θ = plain.init(jax.random.key(0))
+    x = jnp.ones((2, 1, 8, 8), jnp.float32)
+    np.testing.assert_array_equal(model.apply(θ, x), plain.apply(θ, x))
+    assert model.distribute((1, 1, 2, 1), batch=np.int64(2)).reference_batch == 2
 
 
 def test_wrong_input_shape_and_unsplittable_batch():
@@ -184,3 +203,17 @@ def test_wrong_input_shape_and_unsplittable_batch():
     dist = model.distribute((2, 1, 2, 2, 1))
     with pytest.raises(ValueError, match="a batch of 3 samples cannot be split in 2"):
         dist.apply(dist.init(jax.random.key(0)), jnp.zeros((3, 1, 8, 8, 8)))
+    for bad in (0, -1, 2.5, "2", None):
+        with pytest.raises(ValueError, match=rf"FNO.operators: batch must be a positive int, got {bad!r}"):
+            dist.operators(bad)
+
+
+def test_an_empty_batch_gives_the_empty_result():
+    """No sample in, no sample out (of the output's shape and dtype), serial and
+    distributed, as an operator does; and no plan made for it."""
+    model = FNO((8, 8), width=4, modes=(4, 4), layers=1, projection=8, out_channels=2, dtype=jnp.float64)
+    θ = model.init(jax.random.key(0))
+    for m in (model, model.distribute((2, 1, 2, 1))):
+        y = m.apply(θ, jnp.zeros((0, 1, 8, 8)))
+        assert y.shape == (0, 2, 8, 8) and y.dtype == jnp.float64
+        assert 0 not in m._batches

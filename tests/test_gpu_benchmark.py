@@ -4,7 +4,6 @@ peer is checked with (`benchmarks/gpu_torch.py`, which needs torch and neuralope
 absent here) is parop's own."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from benchmarks.gpu_torch import parop_param_count
+from conftest import child_env
 from parop.nn import FNO
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def quick_gpu_run(out: Path, skip: list[str]) -> dict:
     """`gpu.py --quick` on the CPU, the sections `skip` left out: its `gpu.json`."""
-    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = child_env("JAX_ENABLE_X64", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--skip", *skip,
                            "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -161,6 +161,22 @@ def test_plan_for_checks_the_batch_shape(batch, error, message):
     assert D.plan_for((np.int64(4),)).shape == (16, 16, 4)
 
 
+@pytest.mark.parametrize("batch, error, message", [
+    ((0,), ValueError, r"batch_shape: batch sizes must be positive .* got \(0,\)"),
+    (4, TypeError, r"batch_shape takes a tuple of batch sizes \(ints\), got 4"),
+    ((2.5,), TypeError, r"batch_shape takes a tuple of batch sizes \(ints\), got \(2.5,\)"),
+])
+def test_distribute_and_plan_check_the_batch_shape(batch, error, message):
+    """`batch_shape=` of `po.distribute`, `po.plan` and `po.distribute_chain`, as
+    `plan_for`'s argument (a zero size divided by zero in the planner before)."""
+    F = po.kron(po.DFT(16), po.DFT(16))
+    for make, where in ((po.distribute, "distribute"), (po.plan, "plan"),
+                        (lambda F, *a, **k: po.distribute_chain([F], *a, **k), "distribute_chain")):
+        with pytest.raises(error, match=where + r"\(.*DFT\(16\) ⊗ DFT\(16\).*\): " + message):
+            make(F, (2, 1, 2), batch_shape=batch)
+    assert po.distribute(F, (2, 1, 2), batch_shape=[np.int64(4)]).batch_shape == (4,)
+
+
 # -- 9. the rest ---------------------------------------------------------------------------------------
 
 def test_init_on_an_abstract_mesh():

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ..operators.base import positive_int
 from .plan import CostModel
 
 
@@ -41,9 +42,8 @@ def calibrate(devices: Sequence[jax.Device] | None = None, *, small: int = 1 << 
     >>> D = po.distribute(F, (2, 2, 2), cost=cost)
     ```
     """
-    for name, value in (("small", small), ("large", large), ("repeats", repeats)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"calibrate: {name} must be a positive int, got {value!r}")
+    small, large, repeats = (positive_int(value, name, "calibrate")
+                             for name, value in (("small", small), ("large", large), ("repeats", repeats)))
     devices = list(jax.devices() if devices is None else devices)
     n = len(devices)
     if n < 2:

@@ -11,7 +11,7 @@ from jax.sharding import Mesh, PartitionSpec
 from ..display import short
 from ..operator import Operator
 from ..params import named
-from .operator import DistributedOperator, OutPartition, Request, check_splits, request_of
+from .operator import DistributedOperator, OutPartition, Request, batch_sizes, check_splits, request_of
 from .plan import CostModel, Plan, StepAction, route
 from .plan.program import chain
 
@@ -74,7 +74,7 @@ def distribute_chain(
     ops = named(*ops)
     request = request_of(ops[0], partition, out_partition, mesh, shard_weights, cost, where, then=ops[1:])
     pinned = request.weights({name: leaf for op in ops for name, leaf in op.parameters.items()}, weights)
-    batch_shape = tuple(batch_shape)
+    batch_shape = batch_sizes(batch_shape, f"{where}: batch_shape")
     shape = ops[0].domain_shape + batch_shape
     if len(shape) != len(request.in_layout):
         raise ValueError(f"{where}: the partition has {len(request.in_layout)} entries; the input "

@@ -12,8 +12,9 @@ import math
 from collections.abc import Iterator
 
 import jax
-import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
+
+from ..operators.base import positive_int
 
 Layout = tuple[tuple[str, ...], ...]
 
@@ -104,10 +105,7 @@ def check_partition(partition, where: str) -> tuple[int, ...]:
     """`partition` as a tuple of positive ints, or a `ValueError` naming the entry."""
     if not isinstance(partition, (tuple, list)):
         raise ValueError(f"{where}: partition must be a tuple of positive ints or a PartitionSpec, got {partition!r}")
-    for i, p in enumerate(partition):
-        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
-            raise ValueError(f"{where}: partition entry {i} must be a positive int, got {p!r}")
-    return tuple(int(p) for p in partition)
+    return tuple(positive_int(p, f"partition entry {i}", where) for i, p in enumerate(partition))
 
 
 def mesh_name(axis: int) -> str:

@@ -272,13 +272,7 @@ class DistributedOperator(Operator):
         """The plan for inputs with these trailing batch axes (planned once, kept), with
         every weight where `D.plan` places it (where no plan can, the cheapest plan: its
         program then takes the weights where they are and moves them)."""
-        if (not isinstance(batch_shape, (tuple, list))
-                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in batch_shape)):
-            raise TypeError(f"{self.request.where}: plan_for takes a tuple of batch sizes (ints), got {batch_shape!r}")
-        if any(n < 1 for n in batch_shape):
-            raise ValueError(f"{self.request.where}: plan_for: batch sizes must be positive (an empty batch moves "
-                             f"nothing and has no plan), got {tuple(batch_shape)}")
-        return self._entry(tuple(int(n) for n in batch_shape))[0]
+        return self._entry(batch_sizes(batch_shape, f"{self.request.where}: plan_for"))[0]
 
     def _entry(self, batch_shape: tuple[int, ...]) -> list:
         return self.programs.entry((batch_shape, self.adjoint), lambda: self._planned(batch_shape))
@@ -465,7 +459,8 @@ def distribute(
     ```
     """
     request = request_of(op, partition, out_partition, mesh, shard_weights, cost, f"distribute({op!r})")
-    batch_shape = request.default_batch(op) if batch_shape is None else tuple(batch_shape)
+    batch_shape = (request.default_batch(op) if batch_shape is None
+                   else batch_sizes(batch_shape, f"{request.where}: batch_shape"))
     return DistributedOperator(op, request, request.plan(op.named, batch_shape, request.weights(op.parameters, weights)))
 
 
@@ -491,7 +486,24 @@ def plan(
     ```
     """
     request = request_of(op, partition, out_partition, mesh, shard_weights, cost, f"plan({op!r})")
-    return request.plan(op.named, tuple(batch_shape), request.weights(op.parameters, weights))
+    return request.plan(op.named, batch_sizes(batch_shape, f"{request.where}: batch_shape"),
+                        request.weights(op.parameters, weights))
+
+
+def batch_sizes(batch_shape, where: str) -> tuple[int, ...]:
+    """`batch_shape` (the sizes of an input's trailing batch axes) as a tuple of ints, or
+    a `TypeError` (not a sequence of ints) or `ValueError` (a size below 1) that starts
+    with `where`.
+
+    >>> batch_sizes([np.int64(4), 2], "plan_for")
+    (4, 2)"""
+    if (not isinstance(batch_shape, (tuple, list))
+            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in batch_shape)):
+        raise TypeError(f"{where} takes a tuple of batch sizes (ints), got {batch_shape!r}")
+    if any(n < 1 for n in batch_shape):
+        raise ValueError(f"{where}: batch sizes must be positive (an empty batch moves nothing and has no plan), "
+                         f"got {tuple(batch_shape)}")
+    return tuple(int(n) for n in batch_shape)
 
 
 def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,

@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..distributed.hlo import collectives
 from ..distributed.plan.cost import KINDS
+from ..operators.base import positive_int
 from .fno import FNO
 from .train import as_real, make_step, relative_l2
 
@@ -77,8 +78,7 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
     """
     if not isinstance(model, FNO):
         raise TypeError(f"dry_run: model must be a parop.nn.FNO (serial or distributed), got {type(model).__name__}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"dry_run: batch must be a positive int, got {batch!r}")
+    batch = positive_int(batch, "batch", "dry_run")
     optimizer = optax.adam(1e-3) if optimizer is None else optimizer
     start = time.perf_counter()
     ops = model.operators(batch)  # plans a distributed model's chain for this batch size

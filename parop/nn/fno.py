@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import _dtypes
@@ -32,6 +33,7 @@ from ..distributed import CostModel, DistributedOperator, distribute, distribute
 from ..distributed.plan import PlanningError
 from ..operator import Operator
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
+from ..operators.base import is_positive_int, positive_int
 from ..params import name_key
 
 Params = dict[str, jax.Array]
@@ -46,18 +48,22 @@ def largest_modes(grid: Sequence[int]) -> tuple[int, ...]:
     return tuple(full) + (2 * (last // 2) + 1,)
 
 
+def _is_axes(value) -> bool:
+    """Whether `value` lists one entry per axis: a tuple, a list or a 1-D NumPy array."""
+    return isinstance(value, (tuple, list)) or isinstance(value, np.ndarray) and value.ndim == 1
+
+
 def check_modes(grid: tuple[int, ...], modes, where: str = "FNO") -> tuple[int, ...]:
     """`modes` (neuraloperator's convention, one count per axis) checked against `grid`:
     a `ValueError` naming the axis, its size and the largest valid count."""
     largest = largest_modes(grid)
     if modes is None:
         return tuple(min(12, m) for m in largest)
-    modes = tuple(modes) if isinstance(modes, (tuple, list)) else modes
+    modes = tuple(modes) if _is_axes(modes) else modes
     if not isinstance(modes, tuple) or len(modes) != len(grid):
         raise ValueError(f"{where}: modes must give one count per grid axis ({len(grid)} for grid {grid}), got {modes!r}")
+    modes = tuple(positive_int(m, f"modes[{i}]", where) for i, m in enumerate(modes))
     for i, (m, n, most) in enumerate(zip(modes, grid, largest)):
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"{where}: modes[{i}] must be a positive int, got {m!r}")
         if m > most:
             kind = "real-FFT axis" if i == len(grid) - 1 else "axis"
             raise ValueError(
@@ -135,19 +141,25 @@ class FNO:
     def __init__(self, grid: Sequence[int], *, width: int = 32, modes: Sequence[int] | None = None,
                  layers: int = 4, in_channels: int = 1, out_channels: int = 1, projection: int = 128,
                  dtype=jnp.float32, local_kernel: int | None = None, remat: bool = False):
-        grid = tuple(grid) if isinstance(grid, (tuple, list)) else grid
-        if not isinstance(grid, tuple) or not 1 <= len(grid) <= 4 or not all(
-                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in grid):
-            raise ValueError(f"FNO: grid must be 1 to 4 positive ints (a 1-D to 4-D grid), got {grid!r}")
-        for what, value in (("width", width), ("layers", layers), ("in_channels", in_channels),
-                            ("out_channels", out_channels), ("projection", projection)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"FNO: {what} must be a positive int, got {value!r}")
-        if local_kernel is not None and (not isinstance(local_kernel, int) or local_kernel < 1 or local_kernel % 2 == 0):
-            raise ValueError(f"FNO: local_kernel must be an odd positive int (or None), got {local_kernel!r}")
+        given = grid
+        grid = tuple(grid) if _is_axes(grid) else grid
+        if not isinstance(grid, tuple) or not 1 <= len(grid) <= 4 or not all(map(is_positive_int, grid)):
+            raise ValueError(f"FNO: grid must be 1 to 4 positive ints (a 1-D to 4-D grid), got {given!r}")
+        grid = tuple(int(n) for n in grid)
+        width, layers, in_channels, out_channels, projection = (
+            positive_int(value, what, "FNO") for what, value in (
+                ("width", width), ("layers", layers), ("in_channels", in_channels), ("out_channels", out_channels),
+                ("projection", projection)))
+        if local_kernel is not None:
+            if not is_positive_int(local_kernel) or local_kernel % 2 == 0:
+                raise ValueError(f"FNO: local_kernel must be an odd positive int (or None), got {local_kernel!r}")
+            local_kernel = int(local_kernel)
         if not isinstance(remat, bool):
             raise ValueError(f"FNO: remat must be True or False, got {remat!r}")
-        dtype = _dtypes.canonical(dtype)
+        try:
+            dtype = _dtypes.canonical(jnp.float32 if dtype is None else dtype)
+        except TypeError:  # not a dtype at all
+            dtype = repr(dtype)
         if dtype not in (jnp.float32, jnp.float64):
             raise ValueError(f"FNO: dtype must be float32 or float64 (its spectral weights are complex), got {dtype}")
         self.grid, self.width, self.modes = grid, width, check_modes(grid, modes)
@@ -167,6 +179,7 @@ class FNO:
     def operators(self, batch: int) -> list[Operator]:
         """The network's operators for inputs of `batch` samples: lifting, the Fourier
         layers, the two projections (built once per batch size)."""
+        batch = positive_int(batch, "batch", "FNO.operators")
         return self._for_batch(batch, "operators", lambda: self._build(batch))
 
     def _for_batch(self, batch: int, what: str, make):
@@ -239,6 +252,8 @@ class FNO:
         shape = (self.in_channels,) + self.grid
         if a.ndim != len(shape) + 1 or a.shape[1:] != shape:
             raise ValueError(f"FNO: input must have shape (batch, {', '.join(map(str, shape))}), got {a.shape}")
+        if a.shape[0] == 0:  # no sample: the empty result, as an operator gives (there is no plan to make)
+            return jnp.zeros((0, self.out_channels) + self.grid, self.dtype)
         ops = self.operators(a.shape[0])
         axes = [jnp.linspace(0, 1, n, dtype=self.dtype) for n in self.grid]
         coords = jnp.stack(jnp.meshgrid(*axes, indexing="ij"))
@@ -423,13 +438,13 @@ class DistributedFNO(FNO):
             split = math.prod(mesh.shape[n] for n in _names(partition[0])) if mesh is not None and len(partition) else 1
         else:
             split = partition[0] if isinstance(partition, (tuple, list)) and partition else 1
-        split = split if isinstance(split, int) and split > 0 else 1
-        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1 or batch % split):
+        split = int(split) if is_positive_int(split) else 1
+        if batch is not None and (not is_positive_int(batch) or batch % split):
             raise ValueError(f"FNO.distribute: batch must be a positive multiple of {split} (the partition's batch "
                              f"entry), got {batch!r}")
         self.partition = partition
         self._sample_batch = split
-        self.reference_batch = split if batch is None else batch
+        self.reference_batch = split if batch is None else int(batch)
         # The reference batch, planned now: its weight placements (a value) are where every
         # other batch size's plan keeps them.
         reference = self._chain(self.reference_batch, partition, mesh, cost, None)

@@ -25,6 +25,8 @@ from itertools import product
 
 import jax
 
+from ..operators.base import positive_int
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -96,7 +98,7 @@ def choose(model, devices: int, batch: int, memory_limit: float | None = None, c
     from .dryrun import dry_run
 
     where = f"FNO.distribute(devices={devices}, batch={batch}, memory_limit={memory_limit})"
-    _check(where, devices, batch, memory_limit)
+    devices, batch = _check(where, devices, batch, memory_limit)
     tried, too_large = [], False
     for c in ranked(model, devices, batch, cost):
         if c.cost is None:
@@ -129,13 +131,13 @@ def _reason(error: ValueError) -> str:
     return text[text.index("no plan exists"):] if "no plan exists" in text else text
 
 
-def _check(where: str, devices, batch, memory_limit) -> None:
-    for name, value in (("devices", devices), ("batch", batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{where}: {name} must be a positive int, got {value!r}")
+def _check(where: str, devices, batch, memory_limit) -> tuple[int, int]:
+    """`(devices, batch)` as ints, or a `ValueError` naming `where` and the argument."""
+    devices, batch = positive_int(devices, "devices", where), positive_int(batch, "batch", where)
     available = len(jax.devices())
     if devices > available:
         raise ValueError(f"{where}: {devices} devices asked for, {available} available")
     if memory_limit is not None and (isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float))
                                      or memory_limit <= 0):
         raise ValueError(f"{where}: memory_limit must be a positive number of bytes (or None), got {memory_limit!r}")
+    return devices, batch

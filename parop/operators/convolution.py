@@ -61,7 +61,7 @@ def check_kernel(kernel: tuple[int, ...], grid: tuple[int, ...], boundary: str, 
                 f"{op}: kernel size {k} along spatial axis {a} is even; only odd sizes "
                 "(a centred kernel, k // 2 planes on each side) are supported"
             )
-    if boundary not in BOUNDARIES:
+    if not isinstance(boundary, str) or boundary not in BOUNDARIES:
         raise ValueError(f"{op}: boundary must be 'periodic' or 'zero', got {boundary!r}")
 
 
@@ -220,9 +220,7 @@ class Convolution(Correlation):
         kernel = sizes(kernel, "kernel", "Convolution")
         grid = sizes(grid, "grid", "Convolution")
         check_kernel(kernel, grid, boundary, "Convolution")
-        dtype = _dtypes.canonical("float32" if dtype is None else dtype)
-        if not _dtypes.is_float(dtype):
-            raise TypeError(f"Convolution: dtype must be a float or complex dtype, got {dtype}")
+        dtype = _dtypes.leaf_dtype(dtype, "float32", "Convolution")
         self._freeze(
             c_out=c_out, c_in=c_in, kernel=kernel, grid=grid, boundary=boundary,
             domain_shape=(c_in,) + grid, range_shape=(c_out,) + grid,

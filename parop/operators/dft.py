@@ -57,7 +57,7 @@ class DFT(Leaf):
             dtype, "complex64", "DFT", _dtypes.FFT_DTYPES,
             " (jnp.fft has no bfloat16 or float16; a float32 DFT takes such data, cast exactly)",
         )
-        if norm not in NORMS:
+        if not isinstance(norm, str) or norm not in NORMS:
             raise ValueError(f"DFT: norm must be one of {NORMS}, got {norm!r}")
         real = not _dtypes.is_complex(dtype)
         self._freeze(

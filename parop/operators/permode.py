@@ -39,7 +39,8 @@ class PerModeMatrix(Leaf):
     ):
         c_out = positive_int(c_out, "c_out", "PerModeMatrix")
         c_in = positive_int(c_in, "c_in", "PerModeMatrix")
-        if not isinstance(modes, (Sequence, np.ndarray)) or isinstance(modes, str):
+        if (not isinstance(modes, (Sequence, np.ndarray)) or isinstance(modes, str)
+                or isinstance(modes, np.ndarray) and modes.ndim != 1):
             raise TypeError(
                 f"PerModeMatrix: modes must be a sequence of positive ints, one per mode axis "
                 f"(modes=(12, 7) for a 2-D spectrum), got {modes!r}"

@@ -31,9 +31,7 @@ def _weights(weights, dtype) -> tuple[np.ndarray, np.dtype]:
     if dtype is None:
         own = isinstance(weights, (np.ndarray, jax.Array)) and _dtypes.is_float(w.dtype)
         dtype = w.dtype if own else "complex64" if complex_weights else "float32"
-    dtype = _dtypes.canonical(dtype)
-    if not _dtypes.is_float(dtype):
-        raise TypeError(f"Stencil: dtype must be a float or complex dtype, got {dtype}")
+    dtype = _dtypes.leaf_dtype(dtype, "float32", "Stencil")
     if complex_weights and not _dtypes.is_complex(dtype):
         raise TypeError(f"Stencil: complex weights need a complex dtype, got dtype {dtype}")
     w = w.astype(dtype if complex_weights else _dtypes.real_of(dtype))
