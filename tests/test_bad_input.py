@@ -10,6 +10,9 @@
   of a zero multiple, weights that are not arrays, more than 26 tensor axes, and
   `po.distribute`'s `partition` entries and `mesh`.
 - `dtype=None` is each leaf's default dtype.
+- Every argument of every leaf's constructor and `FNO`'s, given odd values (a bool,
+  a float, a string, an array, a NumPy integer, ...): an error that names the class, or
+  an operator whose sizes are ints.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 import parop as po
 from parop import _dtypes
+from parop.nn import FNO
 
 HALF = [jnp.bfloat16, jnp.float16]
 
@@ -257,3 +261,41 @@ def test_bad_distribute_arguments(call, error, match):
 def test_dtype_none_is_the_default(build, default):
     op = build(None)
     assert op.dtype == np.dtype(default) and op == build(default)
+
+
+# -- every argument of every constructor, given odd values ------------------------------------
+
+ODD_VALUES = [0, -1, 2.5, True, "3", "", None, (3,), (0, 3), [], float("nan"), 1j, "float16", "int32", "zero",
+              np.float32, object(), slice(None), np.array(3), np.ones((2, 2)), np.int64(3)]
+CONSTRUCTORS = {
+    "DFT": (po.DFT, dict(n=4, dtype="complex64", norm="backward")),
+    "Matrix": (po.Matrix, dict(m=3, n=4, dtype="float32", name=None)),
+    "Identity": (po.Identity, dict(n=4, dtype="float32")),
+    "Diagonal": (po.Diagonal, dict(n=4, dtype="float32", name=None)),
+    "Reduce": (po.Reduce, dict(n=4, dtype="float32")),
+    "Restriction": (po.Restriction, dict(n=4, keep=[0, 2], dtype="float32")),
+    "PerModeMatrix": (po.PerModeMatrix, dict(c_out=2, c_in=3, modes=(2, 3), dtype="complex64", name=None)),
+    "Convolution": (po.Convolution, dict(c_out=2, c_in=3, kernel=(3, 3), grid=(8, 8), boundary="periodic",
+                                         dtype="float32", name=None)),
+    "Stencil": (po.Stencil, dict(weights=np.ones((3, 3), np.float32), grid=(8, 8), boundary="periodic", dtype=None)),
+    "FNO": (FNO, dict(grid=(8, 8), width=4, modes=(2, 2), layers=1, in_channels=1, out_channels=1,
+                            projection=4, dtype="float32", local_kernel=None, remat=False)),
+}
+
+
+@pytest.mark.parametrize("name", CONSTRUCTORS)
+def test_every_argument_given_an_odd_value_is_named_or_taken(name):
+    """Each argument of each constructor, given each of `ODD_VALUES` (the others left at
+    good values): the constructor either builds an operator whose shapes are tuples of
+    Python ints, or raises a `ValueError` or `TypeError` whose message starts with the
+    class's name: never another exception (a NumPy or Python error from deep inside)."""
+    make, good = CONSTRUCTORS[name]
+    for argument in good:
+        for value in ODD_VALUES:
+            try:
+                built = make(**{**good, argument: value})
+            except (ValueError, TypeError) as error:
+                assert str(error).startswith(f"{name}:"), (argument, value, str(error))
+                continue
+            shapes = (built.grid, built.modes) if name == "FNO" else (built.domain_shape, built.range_shape)
+            assert all(type(n) is int for shape in shapes for n in shape), (argument, value, shapes)
