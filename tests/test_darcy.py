@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse as sparse
 import scipy.sparse.linalg as sparse_linalg
 
-from parop.datasets import darcy, darcy_flow
+from parop.datasets import darcy, darcy_blocks, darcy_flow
 
 # (dim, resolution, samples) small enough to keep the tests fast.
 SMALL = {2: (24, 4), 3: (10, 3)}
@@ -133,16 +133,27 @@ def test_chunked_solve_matches_single_call(monkeypatch, dim, s):
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"n_samples": 0}, ValueError, "n_samples"),
-        ({"resolution": 2}, ValueError, "resolution"),
-        ({"dim": 1}, ValueError, "dim"),
-        ({"dim": 4}, ValueError, "dim"),
-        ({"n_samples": 4.0}, TypeError, "n_samples"),
-        ({"resolution": 16.0}, TypeError, "resolution"),
-        ({"dim": 2.0}, TypeError, "dim"),
-        ({"dim": True}, TypeError, "dim"),
+        ({"n_samples": 0}, ValueError, "n_samples must be at least 1, got 0"),
+        ({"resolution": 2}, ValueError, "resolution must be at least 3, got 2"),
+        ({"dim": 1}, ValueError, r"dim must be one of \(2, 3\), got 1"),
+        ({"dim": 4}, ValueError, "dim must be one of"),
+        ({"n_samples": 4.0}, TypeError, r"n_samples must be an int, got 4.0 \(float\)"),
+        ({"resolution": 16.0}, TypeError, "resolution must be an int"),
+        ({"dim": 2.0}, TypeError, "dim must be an int"),
+        ({"dim": True}, TypeError, "dim must be an int"),
+        ({"seed": None}, TypeError, r"seed must be an int, got None"),  # NumPy would draw a fresh seed
+        ({"seed": -1}, ValueError, "seed must be at least 0, got -1"),
     ],
 )
 def test_rejects_bad_arguments(kwargs, error, match):
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match="^darcy_flow: " + match):
         darcy_flow(**{"n_samples": 4, "resolution": 8, **kwargs})
+    with pytest.raises(error, match="^darcy_blocks: " + match):
+        darcy_blocks(**{"n_samples": 4, "resolution": 8, **kwargs})
+
+
+def test_numpy_integers_are_ints():
+    a, u = darcy_flow(np.int64(3), np.int32(8), dim=np.int64(2), seed=np.uint8(1))
+    b, v = darcy_flow(3, 8, seed=1)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(u, v)

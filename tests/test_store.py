@@ -43,6 +43,20 @@ def test_write_darcy_in_parts_holds_darcy_flows_samples(darcy):
     np.testing.assert_array_equal(y, u[[5, 0, 5, 11]])
 
 
+def test_numpy_integers_write_the_same_store(darcy, tmp_path):
+    """Sizes from NumPy (a job script's arithmetic) are the ints they hold: a part written
+    with them and a part written with Python ints fill one store (their settings, kept in
+    the store's attributes as JSON, are equal)."""
+    path, a, u = darcy
+    mixed = tmp_path / "mixed.zarr"
+    write_darcy(mixed, np.int64(N), np.int32(S), seed=np.int64(0), chunks=(1, 1, np.int64(2), 2),
+                part=(np.int64(0), np.int64(2)))
+    write_darcy(mixed, N, S, part=(1, 2))
+    ds = open_store(mixed)
+    np.testing.assert_array_equal(ds.inputs[:], a)
+    np.testing.assert_array_equal(ds.targets[:], u)
+
+
 def test_the_command_line_writes_its_part(darcy, tmp_path, capsys, monkeypatch):
     from parop.datasets.__main__ import main
 
@@ -102,7 +116,7 @@ def test_open_store_and_batch_name_bad_input(darcy, tmp_path):
         write_darcy(tmp_path / "w.zarr", 4, 8, part=(3, 3))
     with pytest.raises(ValueError, match=r"write_darcy: chunks must be 4 positive ints starting with 1"):
         write_darcy(tmp_path / "w.zarr", 4, 8, chunks=(2, 1, 4, 4))
-    with pytest.raises(ValueError, match=r"resolution must be at least 3, got 2"):
+    with pytest.raises(ValueError, match=r"write_darcy: resolution must be at least 3, got 2"):
         write_darcy(tmp_path / "w.zarr", 4, 2, part=(3, 5))  # checked even where the part has no samples
     assert not (tmp_path / "w.zarr").exists()
     with pytest.raises(ValueError, match=r"holds another data set .*n_samples': 12.*n_samples': 13"):

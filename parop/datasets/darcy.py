@@ -83,8 +83,9 @@ def darcy_flow(
         only the values 3 and 12, and `u` is zero on the boundary nodes.
 
     Raises:
-        TypeError: `n_samples`, `resolution` or `dim` is not an integer.
-        ValueError: `n_samples < 1`, `resolution < 3` or `dim` not 2 or 3.
+        TypeError: `n_samples`, `resolution`, `dim` or `seed` is not an integer.
+        ValueError: `n_samples < 1`, `resolution < 3`, `dim` not 2 or 3, or
+            `seed < 0`.
 
     The coefficient fields are drawn with NumPy's `default_rng(seed)` in
     float64, so `a` does not depend on the x64 setting; `u` does only through
@@ -108,7 +109,8 @@ def darcy_flow(
         (4, 12, 12, 12)
         ```
     """
-    blocks = darcy_blocks(n_samples, resolution, dim=dim, seed=seed, dtype=dtype)
+    n_samples, resolution, dim, seed = checked("darcy_flow", n_samples, resolution, dim, seed)
+    blocks = _blocks(n_samples, resolution, dim, seed, dtype, 0, n_samples)
     a_pieces, u_pieces = zip(*((a, u) for _, a, u in blocks))
     return jnp.concatenate(a_pieces), jnp.concatenate(u_pieces)
 
@@ -126,17 +128,14 @@ def darcy_blocks(n_samples: int, resolution: int = 32, *, dim: int = 2, seed: in
     [(4, (6, 16, 16))]
     ```
     """
-    _check_int("n_samples", n_samples, minimum=1)
-    _check_int("resolution", resolution, minimum=3)
-    _check_int("dim", dim)
-    if dim not in _DIMS:
-        raise ValueError(f"dim must be one of {_DIMS}, got {dim}")
+    n_samples, resolution, dim, seed = checked("darcy_blocks", n_samples, resolution, dim, seed)
     stop = n_samples if stop is None else stop
-    if not 0 <= start < stop <= n_samples:
+    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in (start, stop)) or \
+            not 0 <= start < stop <= n_samples:
         raise ValueError(f"darcy_blocks: need 0 <= start < stop <= n_samples={n_samples}, got start={start}, "
                          f"stop={stop}")
 
-    return _blocks(n_samples, resolution, dim, seed, dtype, start, stop)
+    return _blocks(n_samples, resolution, dim, seed, dtype, int(start), int(stop))
 
 
 def _blocks(n_samples: int, resolution: int, dim: int, seed: int, dtype, start: int,
@@ -168,11 +167,22 @@ def _blocks(n_samples: int, resolution: int, dim: int, seed: int, dtype, start: 
         yield first, jnp.asarray(a_np, dtype), u_chunk[:n_real].astype(dtype)
 
 
-def _check_int(name: str, value: object, *, minimum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+def checked(where: str, n_samples, resolution, dim, seed) -> tuple[int, int, int, int]:
+    """A data set's `(n_samples, resolution, dim, seed)` as Python ints (NumPy integers
+    taken too), or a `TypeError` or `ValueError` naming `where`, the argument and its
+    value.
+
+    >>> checked("darcy_flow", np.int64(4), 32, 2, 0)
+    (4, 32, 2, 0)"""
+    for name, value, least in (("n_samples", n_samples, 1), ("resolution", resolution, 3), ("dim", dim, None),
+                               ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__})")
+        if least is not None and value < least:
+            raise ValueError(f"{where}: {name} must be at least {least}, got {value}")
+    if dim not in _DIMS:
+        raise ValueError(f"{where}: dim must be one of {_DIMS}, got {dim}")
+    return int(n_samples), int(resolution), int(dim), int(seed)
 
 
 def _coefficient_fields(rng: np.random.Generator, n: int, s: int, dim: int) -> np.ndarray:

@@ -26,7 +26,8 @@ import numpy as np
 import zarr
 from zarr.storage import LocalStore
 
-from .darcy import darcy_blocks
+from ..operators.base import is_positive_int
+from .darcy import checked, darcy_blocks
 
 __all__ = ["CountingStore", "StoreDataset", "open_store", "write_darcy"]
 
@@ -60,14 +61,15 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
     ```
     """
     index, count = _check_part(part)
-    darcy_blocks(n_samples, resolution, dim=dim, seed=seed, dtype=dtype)  # its checks, before the store is touched
+    n_samples, resolution, dim, seed = checked("write_darcy", n_samples, resolution, dim, seed)
     grid = (resolution,) * dim
     shape = (n_samples, 1) + grid
     chunks = (1, 1) + tuple(-(-n // CHUNK_SPLIT) if i < 2 else n for i, n in enumerate(grid)) if chunks is None \
         else tuple(chunks)
-    if len(chunks) != len(shape) or chunks[0] != 1 or not all(isinstance(c, int) and c >= 1 for c in chunks):
+    if len(chunks) != len(shape) or chunks[0] != 1 or not all(map(is_positive_int, chunks)):
         raise ValueError(f"write_darcy: chunks must be {len(shape)} positive ints starting with 1 (one sample), "
                          f"for arrays of shape {shape}, got {chunks}")
+    chunks = tuple(int(c) for c in chunks)
     first, stop = n_samples * index // count, n_samples * (index + 1) // count
     blocks = darcy_blocks(n_samples, resolution, dim=dim, seed=seed, dtype=dtype, start=first,
                           stop=stop) if first < stop else ()  # a part of no samples (more parts than samples)
@@ -83,10 +85,11 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
 
 
 def _check_part(part) -> tuple[int, int]:
-    if (not isinstance(part, tuple) or len(part) != 2 or not all(isinstance(p, int) for p in part)
+    if (not isinstance(part, tuple) or len(part) != 2
+            or not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in part)
             or not 0 <= part[0] < part[1]):
         raise ValueError(f"write_darcy: part must be (index, count) with 0 <= index < count, got {part!r}")
-    return part
+    return int(part[0]), int(part[1])
 
 
 def _array(group, name: str, shape: tuple, dtype: np.dtype, chunks: tuple, settings: dict):
