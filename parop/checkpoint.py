@@ -29,6 +29,7 @@ sums what each process holds and adds the pieces up, without reading anything tw
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -64,6 +65,7 @@ def save(path: PathLike, tree: PyTree, *, step: int = 0, keep: int | None = None
     ```
     """
     step = _check_save_args(step, keep)
+    _check_leaves(tree, "save", (jax.Array, np.ndarray), "jax.Array and NumPy array")
     ocp = _orbax()
     manager = _manager(path)
     try:
@@ -96,6 +98,25 @@ def _check_save_args(step, keep) -> int:
         if value < least:
             raise ValueError(f"save: {name} must be at least {least}, got {name}={value}")
     return int(step)
+
+
+def _check_leaves(tree: PyTree, where: str, kinds: tuple[type, ...], described: str) -> None:
+    """A `TypeError` naming a leaf of `tree` that is not one of `kinds` (`described`: a
+    Python number or a string, which orbax would save but not restore like an array),
+    and a `ValueError` for a tree with no leaf or a leaf with no element (orbax saves
+    neither)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    if not leaves:
+        raise ValueError(f"{where}: the tree {tree!r} holds no array")
+    for key, x in leaves:
+        name = jax.tree_util.keystr(key)
+        if not isinstance(x, kinds):
+            raise TypeError(f"{where}: {name or 'the tree'} ({type(x).__name__}) is not an array: "
+                            f"only {described} leaves are checkpointed "
+                            "(jnp.asarray(x) makes a number an array)")
+        if math.prod(x.shape) == 0:
+            raise ValueError(f"{where}: {name or 'the tree'} has no element (shape {tuple(x.shape)}): orbax "
+                             "does not save empty arrays")
 
 
 def latest_step(path: PathLike) -> int | None:
@@ -135,6 +156,8 @@ def restore(path: PathLike, like: PyTree, *, step: int | None = None) -> PyTree:
     (True, [12.0, 13.0, 14.0, 15.0])
     ```
     """
+    _check_leaves(like, "restore", (jax.Array, np.ndarray, jax.ShapeDtypeStruct),
+                  "jax.Array, NumPy array and jax.ShapeDtypeStruct")
     ocp = _orbax()
     manager = _manager(path, create=False)
     try:

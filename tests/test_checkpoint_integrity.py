@@ -122,6 +122,25 @@ def test_each_kind_of_file_flipped_or_truncated_restores_exactly_or_says_so(tmp_
     assert outcomes[Path("1", "_CHECKPOINT_METADATA"), "truncated"] == "error"  # the checksums are in it
 
 
+def test_a_leaf_that_is_not_an_array_is_named(tmp_path):
+    """A Python number or a string in the tree (orbax saved them, and `restore` then
+    failed with an AttributeError), an empty tree and an empty array (orbax's own errors,
+    with its background threads left logging errors): each named, before anything is
+    written."""
+    checkpoint.save(tmp_path, {"w": np.arange(4.0)}, step=1)
+    for tree, error, message in [
+        ({"w": np.arange(4.0), "epoch": 3}, TypeError, r"\['epoch'\] \(int\) is not an array: only jax.Array"),
+        ({"name": "adam"}, TypeError, r"\['name'\] \(str\) is not an array"),
+        ({}, ValueError, r"the tree \{\} holds no array"),
+        ({"w": jnp.zeros((0, 3))}, ValueError, r"\['w'\] has no element \(shape \(0, 3\)\)"),
+    ]:
+        with pytest.raises(error, match="^save: " + message):
+            checkpoint.save(tmp_path, tree, step=2)
+        with pytest.raises(error, match="^restore: " + message):
+            checkpoint.restore(tmp_path, tree)
+    assert sorted(os.listdir(tmp_path)) == ["1"]
+
+
 def test_save_refuses_steps_and_keeps_that_would_lose_data(tmp_path):
     tree = {"w": np.arange(4.0)}
     checkpoint.save(tmp_path, tree, step=10)
