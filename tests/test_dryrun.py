@@ -4,6 +4,7 @@ serial and distributed), the partition search (`FNO.distribute(devices=N, batch=
 and the command line. The large cases and timings are in `benchmarks/will_it_fit.py`."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from conftest import child_env
 from parop.distributed.hlo import collectives
 from parop.distributed.plan import PlanningError
 from parop.nn import FNO, dry_run, relative_l2
-from parop.nn.dryrun import PLAN_KIND, _input_gradient_only
+from parop.nn.dryrun import CHILD, PLAN_KIND, _input_gradient_only, main
 from parop.nn.partition import candidates, ranked
 from parop.nn.train import as_real, make_step
 
@@ -130,6 +131,25 @@ def test_a_network_with_no_plan_points_to_the_partition_search_and_that_to_fewer
         model.distribute(devices=8, batch=2)
     assert "remat" not in str(error.value)
     assert model.distribute(devices=4, batch=2).partition == (2, 1, 1, 2, 1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--partition", "0", "1", "2", "1"], r"FNO.distribute: partition entry 0 must be a positive int, got 0"),
+    (["--partition", "1", "1", "2"], r"FNO.distribute: the partition splits the axes of \(batch, channel, \*grid\): "
+                                     r"4 entries for grid \(16, 16\), got \(1, 1, 2\)"),
+    (["--devices", "0"], r"--devices must be a positive int, got 0"),
+    (["--devices", "1", "--memory-limit", "0"], r"memory_limit must be a positive number of bytes"),
+    (["--devices", "1", "--memory-limit", "1e-6"], r"\(1, 1, 1, 1\): [\d.e-]+ GB per device"),  # checked on 1 too
+])
+def test_the_command_line_names_bad_arguments(args, message, monkeypatch, capsys):
+    """Each is the one line of a usage error (exit status 2), not a traceback, a silent
+    serial run or the whole network's description."""
+    monkeypatch.setenv(CHILD, "1")  # this process, its 8 devices: the errors come before any device count matters
+    with pytest.raises(SystemExit) as exit_:
+        main(["--grid", "16", "16", "--width", "4", "--modes", "4", "4", "--layers", "1", "--projection", "8",
+              "--batch", "1", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and re.search(message, err) and "distribute_chain(" not in err, err
 
 
 def test_the_command_line_prints_json():

@@ -273,7 +273,7 @@ def _report(args) -> dict:
         planned_in = time.perf_counter() - start
         report = dry_run(model, args.batch)
         return {**report, "plan_seconds": report["plan_seconds"] + planned_in}
-    if not args.devices or args.devices == 1:
+    if not args.devices or args.devices == 1 and args.memory_limit is None:
         return dry_run(model, args.batch)
     limit = None if args.memory_limit is None else args.memory_limit * 1e9
     start = time.perf_counter()
@@ -285,6 +285,8 @@ def _report(args) -> dict:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
+    if args.devices is not None and args.devices < 1:
+        parser().error(f"--devices must be a positive int, got {args.devices}")
     if args.memory_limit is not None and not args.devices:
         parser().error("--memory-limit needs --devices")
     if os.environ.get(CHILD) != "1":

@@ -30,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .. import _dtypes
 from ..algebra import kron
 from ..distributed import CostModel, DistributedOperator, distribute, distribute_chain
+from ..distributed.layout import check_partition
 from ..distributed.plan import PlanningError
 from ..operator import Operator
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
@@ -437,8 +438,11 @@ class DistributedFNO(FNO):
         if isinstance(partition, PartitionSpec):
             split = math.prod(mesh.shape[n] for n in _names(partition[0])) if mesh is not None and len(partition) else 1
         else:
-            split = partition[0] if isinstance(partition, (tuple, list)) and partition else 1
-        split = int(split) if is_positive_int(split) else 1
+            partition = check_partition(partition, "FNO.distribute")
+            if len(partition) != 2 + len(self.grid):
+                raise ValueError(f"FNO.distribute: the partition splits the axes of (batch, channel, *grid): "
+                                 f"{2 + len(self.grid)} entries for grid {self.grid}, got {partition}")
+            split = partition[0]
         if batch is not None and (not is_positive_int(batch) or batch % split):
             raise ValueError(f"FNO.distribute: batch must be a positive multiple of {split} (the partition's batch "
                              f"entry), got {batch!r}")
