@@ -208,6 +208,22 @@ def test_wrong_input_shape_and_unsplittable_batch():
             dist.operators(bad)
 
 
+@pytest.mark.parametrize("remat", [False, True])
+def test_a_missing_or_misshapen_bias_is_named(remat):
+    """A bias of another shape would broadcast (a silent wrong answer); a missing one was
+    a KeyError. Serial and distributed, the remat projection included."""
+    model = FNO((8, 8), width=4, modes=(4, 4), layers=1, projection=8, remat=remat)
+    θ = model.init(jax.random.key(0))
+    a = jnp.ones((2, 1, 8, 8), jnp.float32)
+    for m in (model, model.distribute((2, 1, 2, 1))):
+        for name, bad, got in (("skip0.bias", jnp.zeros(1), r"shape \(1,\)"), ("proj2.bias", None, "none"),
+                               ("proj1.bias", jnp.zeros((8, 1)), r"shape \(8, 1\)")):
+            broken = {k: v for k, v in θ.items() if k != name} | ({} if bad is None else {name: bad})
+            want = r"\(8,\)" if name == "proj1.bias" else r"\(4,\)" if name == "skip0.bias" else r"\(1,\)"
+            with pytest.raises(ValueError, match=rf"FNO: θ\['{name}'\] must be an array of shape {want}, got {got}"):
+                m.apply(broken, a)
+
+
 def test_an_empty_batch_gives_the_empty_result():
     """No sample in, no sample out (of the output's shape and dtype), serial and
     distributed, as an operator does; and no plan made for it."""

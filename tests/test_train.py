@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import parop as po
-from parop.nn import evaluate, fit, relative_l2
+from parop.nn import UnitGaussianNormalizer, evaluate, fit, relative_l2
 
 C, M = 8, 8  # channels, modes
 
@@ -71,11 +71,42 @@ A, U = data(6)
     (lambda m, θ: evaluate(m, θ, A, U, batch=0), r"evaluate: batch must be at least 1, got batch=0"),
     (lambda m, θ: evaluate(m, θ, A[:0], U[:0], batch=2), r"evaluate: no data"),
     (lambda m, θ: evaluate(m, θ, A[:4], U, batch=2), r"evaluate: .*len\(a\)=4, len\(u\)=6"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=2, lr=0.0), r"fit: lr must be a positive number, got lr=0.0"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=2, lr=float("nan")), r"lr must be a positive number, got lr=nan"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=2, lr="1e-3"), r"lr must be a positive number, got lr='1e-3'"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=2, seed=None), r"fit: seed must be an int >= 0 .*got seed=None"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=2, seed=-1), r"seed must be an int >= 0 .*got seed=-1"),
+    (lambda m, θ: evaluate(m, θ, A, U[:, :, :1], batch=2), r"evaluate: the prediction \(2, 8, 8\) and the target "
+                                                          r"\(2, 8, 1\) must have the same shape"),
 ])
 def test_fit_and_evaluate_name_the_wrong_argument(call, message):
     model = Tiny()
     with pytest.raises(ValueError, match=message):
         call(model, model.init(jax.random.key(0)))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m, θ: fit(m, θ, A, U, steps=3.0, batch=2), r"fit: steps must be an int, got steps=3.0 \(float\)"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=True), r"fit: batch must be an int, got batch=True \(bool\)"),
+    (lambda m, θ: evaluate(m, θ, A, U, batch="2"), r"evaluate: batch must be an int, got batch='2' \(str\)"),
+])
+def test_fit_and_evaluate_name_a_count_that_is_not_an_int(call, message):
+    model = Tiny()
+    with pytest.raises(TypeError, match=message):
+        call(model, model.init(jax.random.key(0)))
+    with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix Python floats and int32
+        θ, losses = fit(model, model.init(jax.random.key(0)), A, U, steps=np.int64(2), batch=np.int32(2),
+                        progress=False)
+    assert losses.shape == (2,)
+
+
+def test_the_loss_refuses_shapes_that_would_broadcast():
+    """`(b, c, n)` against `(b, n)` broadcasts to `(b, b, n)` when `c` is 1 (every
+    sample against every other: a finite, wrong loss), and fails deep in JAX when not."""
+    with pytest.raises(ValueError, match=r"relative_l2: the prediction \(6, 1, 8\) and the target \(6, 8\)"):
+        relative_l2(A[:, :1], A[:, 0])
+    with pytest.raises(ValueError, match=r"UnitGaussianNormalizer.fit: needs samples along axis 0, got shape \(0, 3\)"):
+        UnitGaussianNormalizer.fit(jnp.ones((0, 3)))
 
 
 def test_evaluate_keeps_few_distributed_programs_in_flight():

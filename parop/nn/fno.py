@@ -296,8 +296,14 @@ class FNO:
         return axis, next((d for d in range(1, n + 1) if n % d == 0 and d >= least), n)
 
     def _affine(self, op: Operator, name: str, θ: Params, h: jax.Array) -> jax.Array:
-        bias = θ[f"{name}.bias"]
-        return op(θ) @ h + bias.reshape(bias.shape + (1,) * len(self.grid))
+        y = op(θ) @ h  # checks θ's weight `name`
+        key, want = f"{name}.bias", op.parameters[name].param_shape[:1]
+        bias = θ.get(key)
+        if getattr(bias, "shape", None) != want:  # a bias of another shape would broadcast: a silent wrong answer
+            got = "none" if bias is None else f"shape {bias.shape}" if hasattr(bias, "shape") else type(bias).__name__
+            raise ValueError(f"FNO: θ[{key!r}] must be an array of shape {want}, got {got}: make the parameters "
+                             "with model.init(key)")
+        return y + bias.reshape(want + (1,) * len(self.grid))
 
     # -- distribution ------------------------------------------------------------------------
     def distribute(self, partition: tuple[int, ...] | PartitionSpec | None = None, *, devices: int | None = None,
@@ -361,7 +367,7 @@ def projection_in_blocks(model: FNO, θ: Params, h: jax.Array) -> jax.Array:
     d = model.dtype
     up = channel_mixing(b, model.projection, model.width, block_grid, d, "proj1")
     down = channel_mixing(b, model.out_channels, model.projection, block_grid, d, "proj2")
-    weights = {n: θ[n] for n in ("proj1", "proj1.bias", "proj2", "proj2.bias")}
+    weights = {n: θ[n] for n in ("proj1", "proj1.bias", "proj2", "proj2.bias") if n in θ}  # `_affine` names a missing one
 
     cut, size = 2 + axis, grid[axis] // count  # (batch, channel, *grid): the grid axis as an axis of h
 
@@ -512,7 +518,7 @@ class DistributedFNO(FNO):
             return projection_in_blocks(self, weights, h)
 
         out = jax.shard_map(local, mesh=self.mesh, in_specs=(PartitionSpec(), spec), out_specs=spec)(
-            {n: θ[n] for n in names}, h)
+            {n: θ[n] for n in names if n in θ}, h)  # `_affine` names a missing one
         move = self.projection_move(h.shape[0])
         return out if move is None else move @ out
 

@@ -3,6 +3,8 @@ a jitted training loop with a progress bar and checkpoints, and the test error."
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import time
 from collections import deque
@@ -59,6 +61,8 @@ class UnitGaussianNormalizer:
 
     @classmethod
     def fit(cls, x: jax.Array) -> "UnitGaussianNormalizer":
+        if not x.shape or x.shape[0] == 0:
+            raise ValueError(f"UnitGaussianNormalizer.fit: needs samples along axis 0, got shape {x.shape}")
         return cls(jnp.mean(x, axis=0), jnp.std(x, axis=0))
 
     def encode(self, x: jax.Array) -> jax.Array:
@@ -69,12 +73,18 @@ class UnitGaussianNormalizer:
 
 
 def relative_l2(pred: jax.Array, target: jax.Array) -> jax.Array:
-    """The mean over samples (axis 0) of `||pred - target|| / ||target||`."""
-    return jnp.mean(_relative_errors(pred, target))
+    """The mean over samples (axis 0) of `||pred - target|| / ||target||`; `pred` and
+    `target` of one shape (a `ValueError` otherwise: broadcasting `(b, 1, n)` against
+    `(b, n)` would compare every sample with every other)."""
+    return jnp.mean(_relative_errors(pred, target, "relative_l2"))
 
 
-def _relative_errors(pred: jax.Array, target: jax.Array) -> jax.Array:
-    """`||pred - target|| / ||target||` of each sample (axis 0)."""
+def _relative_errors(pred: jax.Array, target: jax.Array, where: str) -> jax.Array:
+    """`||pred - target|| / ||target||` of each sample (axis 0), after a `ValueError`
+    naming `where` if their shapes differ."""
+    if pred.shape != target.shape:
+        raise ValueError(f"{where}: the prediction {tuple(pred.shape)} and the target {tuple(target.shape)} must "
+                         "have the same shape")
     axes = tuple(range(1, pred.ndim))
     return jnp.sqrt(jnp.sum((pred - target) ** 2, axis=axes)) / jnp.sqrt(jnp.sum(target**2, axis=axes))
 
@@ -152,9 +162,11 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
     ```
     """
     n = _check_data("fit", model, a, u, batch)
-    for name, value in (("steps", steps), ("every", every)):
-        if value < 1:
-            raise ValueError(f"fit: {name} must be at least 1, got {name}={value}")
+    _check_counts("fit", steps=steps, every=every)
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < math.inf:
+        raise ValueError(f"fit: lr must be a positive number, got lr={lr!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"fit: seed must be an int >= 0 (it draws the order of the samples), got seed={seed!r}")
     if batch > n:
         raise ValueError(f"fit: batch={batch} is larger than the data set ({n} samples): use batch <= {n}")
     decode = decode or (lambda x: x)
@@ -190,8 +202,7 @@ def _check_data(where: str, model, a, u, batch: int) -> int:
     """The number of samples, after `ValueError`s for no data, unlike lengths, a batch
     size below 1 or a data set whose shapes the model does not take, and `TypeError`s
     for a missing `u` or one beside a data set."""
-    if batch < 1:
-        raise ValueError(f"{where}: batch must be at least 1, got batch={batch}")
+    _check_counts(where, batch=batch)
     if isinstance(a, Dataset):
         if u is not None:
             raise TypeError(f"{where}: a data set holds its own targets: call {where}(model, θ, ds, ...) without u")
@@ -206,6 +217,16 @@ def _check_data(where: str, model, a, u, batch: int) -> int:
     if len(a) == 0:
         raise ValueError(f"{where}: no data: a and u hold 0 samples")
     return len(a)
+
+
+def _check_counts(where: str, **counts) -> None:
+    """A `TypeError` for a count that is not an int (a NumPy integer is one; a bool is
+    not), and a `ValueError` for one below 1, each naming `where` and the argument."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{where}: {name} must be an int, got {name}={value!r} ({type(value).__name__})")
+        if value < 1:
+            raise ValueError(f"{where}: {name} must be at least 1, got {name}={value}")
 
 
 def _check_shapes(where: str, model, ds) -> None:
@@ -332,7 +353,7 @@ def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = No
 
     @jax.jit
     def error_sum(θ, x, y, count):
-        errors = _relative_errors(decode(model.apply(θ, x)), y)
+        errors = _relative_errors(decode(model.apply(θ, x)), y, "evaluate")
         return jnp.sum(jnp.where(jnp.arange(batch) < count, errors, 0))
 
     total, queued = 0.0, deque()
