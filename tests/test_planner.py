@@ -1099,6 +1099,25 @@ def test_a_chain_breaks_ties_in_time_as_the_exhaustive_search_does():
     assert exact == (2020.0, 20.0, 2, 56.0) and same_cost(fast, exact), (fast, exact)
 
 
+def test_two_pins_that_want_one_pair_of_mesh_axes_count_it_once():
+    """Two diagonals pinned `("a", "b")` on axes 1 and 2, the first on a tensor with no
+    mesh axis in use, axis 1 needed whole between them: split `a` and `b` onto axis 1
+    (two splits), then one `all_to_all` takes both to axis 2, the pair `(a, b)` with
+    them. The bound on pinned weights (`pins_share`) counted the missing pair once per
+    pin, one latency too many, and the chain searched whole found a plan of one
+    collective more. The oracle found it at another seed (1 case in 1,700)."""
+    d = jnp.float64
+    first = po.kron(po.Restriction(4, [2, 3], d).H, po.Restriction(4, [1, 0, 1], d).H, po.Reduce(4, d).H) @ \
+        po.kron(po.Restriction(4, [2, 3], d), po.Restriction(4, [1, 0, 1], d), po.Reduce(4, d))
+    ops = [first, po.kron(po.Reduce(4, d), po.Diagonal(4, d, name="d0"), po.Diagonal(4, d, name="d1")),
+           po.kron(po.Restriction(1, [0], d), po.Restriction(4, [1, 2], d), po.Diagonal(4, d, name="d2"))]
+    pins = {"d0": (("a", "b"),), "d1": (("a", "c"),), "d2": (("a", "b"),)}
+    mesh, layout, cost = {"a": 2, "b": 2, "c": 2}, (("b",), ("a",), ()), CostModel(latency_bytes=2.0**20)
+    found = {exhaustive: Search(mesh, cost, "auto", exhaustive=exhaustive, pinned=pins, max_states=ORACLE_STATES)
+             .run(chain(ops, (4, 4, 4)), layout, Goal.any())[0] for exhaustive in (True, False)}
+    assert found[True] == (13632400.0, 912.0, 13, 24.0) and same_cost(found[False], found[True]), found
+
+
 def test_a_tiny_chain_costs_what_the_exhaustive_search_finds():
     """Two small operators with a barrier between them (where the network's pointwise
     function runs): the chain's cost (the sum of its operators' plans) is the exhaustive

@@ -1108,6 +1108,11 @@ class LowerBound:
           `all_to_all`, or, for a mesh axis free now (or that a pending `psum` may
           free), a split (its gradient's all-reduce when training). One that puts a mesh
           axis first on the axis has the axis as its target, so is no departure from it.
+          A pair of mesh axes is one adjacency wherever it sits: an `all_to_all` keeps
+          the pairs within what it moves, so one action may make the pair that two pins
+          on different axes want (two 4-D weights pinned `("a", "b")` on axes 1 and 2:
+          split `a` and `b` onto axis 1, then move both to axis 2), and it is counted
+          once; the first mesh axis of each axis is an adjacency of that axis.
           A dense `Matrix` on that axis may put mesh axes there itself: then nothing is
           counted for the axis. A departure counted, or a collective after another
           pinned step, may be one of these actions (a matching of them is not counted:
@@ -1119,15 +1124,14 @@ class LowerBound:
         found = self.pinned_splits(ctx)
         layout = place.layout
         after = {}  # tensor axis -> (its pinned step, its least mesh axis size)
-        before = {}  # tensor axis -> (its pinned step, ((mesh axis, whether first), ...) of the missing adjacencies)
-        for j, splits in found:
+        before = {}  # tensor axis -> (its pinned step, the adjacencies missing: (tensor axis, mesh axis) for
+        for j, splits in found:  # the first, (mesh axis, the mesh axis right after it) for the others)
             if not pending >> j & 1:
                 continue
             for a, names, smallest, touched in splits:
                 if a not in before and not touched & pending and layout[a] != names:
-                    missing = ((names[0], True),) if layout[a][:1] != names[:1] else ()
-                    missing += tuple((y, False) for pair in zip(names, names[1:]) if pair not in place.adjacent
-                                     for y in pair[1:])
+                    missing = ((a, names[0]),) if layout[a][:1] != names[:1] else ()
+                    missing += tuple(pair for pair in zip(names, names[1:]) if pair not in place.adjacent)
                     if missing:
                         before[a] = (j, missing)
                 if a in after or not ctx.needs[a] & pending & ctx.descendants[j] or ctx.psums[a] & pending:
@@ -1142,21 +1146,26 @@ class LowerBound:
             return 0.0
         latency = self.cost.latency_bytes
         extra = sum(self.move_price(ctx, done, n) for _, n in after.values())
-        carriers = {(b, y): [(a, True) for a in bits(departures) if a != b or not first]
-                            + [(a, False) for a, (k, _) in after.items() if (a != b or not first) and k != j]
-                    for b, (j, missing) in before.items() for y, first in missing}
+        carriers: dict = {}  # each missing adjacency -> the collectives counted that may make it
+        for b, (j, missing) in before.items():
+            for pair in missing:
+                first = isinstance(pair[0], int)
+                carriers.setdefault(pair, set()).update(
+                    [(a, True) for a in bits(departures) if a != b or not first]
+                    + [(a, False) for a, (k, _) in after.items() if (a != b or not first) and k != j])
         psums = bool(ctx.psum_steps & pending)
         split = latency if self.cost.training else 0.0
-        prices = {}  # each missing adjacency's price where no carrier makes it
-        for b, y in carriers:
+        prices = {}  # each missing adjacency's price where no carrier makes it: that of a move of its mesh axis
+        for pair in carriers:
+            y = pair[1]
             if y not in place.used:
-                prices[b, y] = split
+                prices[pair] = split
             else:
                 cost = self.move_price(ctx, done, self.mesh_sizes[y])
-                prices[b, y] = min(cost, split) if psums else cost
+                prices[pair] = min(cost, split) if psums else cost
         # matched dearest first, the adjacencies left over are the cheapest such set: the sets of one
         # side of a bipartite graph that a matching covers are a matroid, where greed by weight is optimal
-        carried = _matching({key: carriers[key] for key in sorted(carriers, key=lambda key: -prices[key])})
+        carried = _matching({key: sorted(carriers[key]) for key in sorted(carriers, key=lambda key: -prices[key])})
         extra += sum(price for key, price in prices.items() if key not in carried)
         return max(0.0, extra - shared * latency)
 
