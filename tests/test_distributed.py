@@ -263,6 +263,7 @@ def test_user_mesh_and_partition_spec(axis_type):
     assert D.out_sharding.spec == P("a", "b", None) and y.sharding.mesh == mesh
     D2 = po.distribute(F, (2, 4, 1), mesh=mesh)
     assert D2.in_sharding.spec == P("a", "b", None)
+    assert po.distribute(F, np.array([2, 4, 1]), mesh=mesh, shard_weights=np.bool_(False)).plan == D2.plan
 
 
 def test_explicit_out_partition():
@@ -286,6 +287,10 @@ F3 = po.kron(po.DFT(30), po.DFT(20), po.DFT(10, "float32"))
     (dict(partition=(4, 1, 1)), r"axis 0 of size 30 cannot be split in 4: use a size divisible by 4 \(28 or 32\), or split it in one of \[1, 2, 3, 5, 6, 10, 15, 30\]"),
     (dict(partition=(2, 1, 1), out_partition=(1, 1, 1)), r"replicates mesh axes that the input splits.*never gathers"),
     (dict(partition=P("x")), "needs mesh="),
+    (dict(partition=(2, 1, 1), out_partition="autoo"), r"out_partition must be None, 'auto', a tuple of positive "
+                                                       r"ints or a PartitionSpec, got 'autoo'"),
+    (dict(partition=(2, 1, 1), out_partition=(1, 0, 2)), r"out_partition entry 1 must be a positive int, got 0"),
+    (dict(partition=(2, 1, 1), shard_weights=np.ones(2)), r"shard_weights must be True, False or 'auto', got array"),
 ])
 def test_bad_distribute_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator
 
 import jax
+import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ..operators.base import positive_int
@@ -101,11 +102,17 @@ def split_sizes(layout: Layout, mesh_shape) -> tuple[int, ...]:
     return tuple(math.prod(mesh_shape[n] for n in axes) for axes in layout)
 
 
-def check_partition(partition, where: str) -> tuple[int, ...]:
-    """`partition` as a tuple of positive ints, or a `ValueError` naming the entry."""
+def check_partition(partition, where: str, what: str = "partition") -> tuple[int, ...]:
+    """`partition` (a tuple, a list or a 1-D NumPy array of positive ints) as a tuple of
+    ints, or a `ValueError` naming `what` and the entry.
+
+    >>> check_partition(np.array([2, 1]), "distribute")
+    (2, 1)"""
+    if isinstance(partition, np.ndarray) and partition.ndim == 1:
+        partition = tuple(partition)
     if not isinstance(partition, (tuple, list)):
-        raise ValueError(f"{where}: partition must be a tuple of positive ints or a PartitionSpec, got {partition!r}")
-    return tuple(positive_int(p, f"partition entry {i}", where) for i, p in enumerate(partition))
+        raise ValueError(f"{where}: {what} must be a tuple of positive ints or a PartitionSpec, got {partition!r}")
+    return tuple(positive_int(p, f"{what} entry {i}", where) for i, p in enumerate(partition))
 
 
 def mesh_name(axis: int) -> str:

@@ -518,11 +518,15 @@ def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh 
     cost = CostModel() if cost is None else cost
     if not isinstance(cost, CostModel):
         raise TypeError(f"{where}: cost must be a po.CostModel, got {type(cost).__name__}")
-    if shard_weights not in (True, False, "auto"):
+    if not (isinstance(shard_weights, (bool, np.bool_)) or _is_auto(shard_weights)):
         raise ValueError(f"{where}: shard_weights must be True, False or 'auto', got {shard_weights!r}")
+    shard_weights = shard_weights if _is_auto(shard_weights) else bool(shard_weights)
     counts = None
-    if out_partition is not None and out_partition != "auto" and not isinstance(out_partition, PartitionSpec):
-        counts = check_partition(out_partition, where)
+    if isinstance(out_partition, str) and not _is_auto(out_partition):
+        raise ValueError(f"{where}: out_partition must be None, 'auto', a tuple of positive ints or a PartitionSpec, "
+                         f"got {out_partition!r}")
+    if out_partition is not None and not _is_auto(out_partition) and not isinstance(out_partition, PartitionSpec):
+        counts = check_partition(out_partition, where, "out_partition")
     if isinstance(partition, PartitionSpec):
         if mesh is None:
             raise ValueError(f"{where}: a PartitionSpec partition needs mesh=")
@@ -541,7 +545,7 @@ def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh 
     check_splits(op.domain_shape, in_layout, mesh, where)  # batch axes: at the first call
     if shard_weights is True:
         _check_shardable(op, mesh, where)
-    out: object = out_partition
+    out: object = "auto" if _is_auto(out_partition) else out_partition
     if isinstance(out_partition, PartitionSpec):
         out = ("layout", layout_of(out_partition, len(in_layout), mesh, where))
         lost = {n for axes in in_layout for n in axes} - {n for axes in out[1] for n in axes}
@@ -555,6 +559,12 @@ def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh 
     elif counts is not None:
         out = ("counts", _check_counts(counts, in_layout, mesh, (op,) + then, shard_weights, where))
     return Request(mesh, in_layout, out, cost, shard_weights, where)
+
+
+def _is_auto(value) -> bool:
+    """Whether `value` is the string "auto" (and not an array, which `==` compares
+    elementwise)."""
+    return isinstance(value, str) and value == "auto"
 
 
 def _steps(op: Operator):
