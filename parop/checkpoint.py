@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import is_int
+
 PyTree = Any
 PathLike = str | os.PathLike
 
@@ -92,7 +94,7 @@ def _check_save_args(step, keep) -> int:
     for name, value, least in (("step", step, 0), ("keep", keep, 1)):
         if name == "keep" and value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if not is_int(value):
             kind = "an int" if name == "step" else "an int or None"
             raise TypeError(f"save: {name} must be {kind}, got {name}={value!r} ({type(value).__name__})")
         if value < least:

@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import is_int
+
 __all__ = ["darcy_blocks", "darcy_flow"]
 
 _TAU = 3.0
@@ -130,8 +132,7 @@ def darcy_blocks(n_samples: int, resolution: int = 32, *, dim: int = 2, seed: in
     """
     n_samples, resolution, dim, seed = checked("darcy_blocks", n_samples, resolution, dim, seed)
     stop = n_samples if stop is None else stop
-    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in (start, stop)) or \
-            not 0 <= start < stop <= n_samples:
+    if not (is_int(start) and is_int(stop) and 0 <= start < stop <= n_samples):
         raise ValueError(f"darcy_blocks: need 0 <= start < stop <= n_samples={n_samples}, got start={start}, "
                          f"stop={stop}")
 
@@ -176,7 +177,7 @@ def checked(where: str, n_samples, resolution, dim, seed) -> tuple[int, int, int
     (4, 32, 2, 0)"""
     for name, value, least in (("n_samples", n_samples, 1), ("resolution", resolution, 3), ("dim", dim, None),
                                ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if not is_int(value):
             raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__})")
         if least is not None and value < least:
             raise ValueError(f"{where}: {name} must be at least {least}, got {value}")

@@ -26,7 +26,7 @@ import numpy as np
 import zarr
 from zarr.storage import LocalStore
 
-from ..operators.base import is_positive_int
+from .._checks import is_int, is_positive_int
 from .darcy import checked, darcy_blocks
 
 __all__ = ["CountingStore", "StoreDataset", "open_store", "write_darcy"]
@@ -86,7 +86,7 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
 
 def _check_part(part) -> tuple[int, int]:
     if (not isinstance(part, tuple) or len(part) != 2
-            or not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in part)
+            or not all(map(is_int, part))
             or not 0 <= part[0] < part[1]):
         raise ValueError(f"write_darcy: part must be (index, count) with 0 <= index < count, got {part!r}")
     return int(part[0]), int(part[1])

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..operators.base import positive_int
+from .._checks import positive_int
 from .plan import CostModel
 
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ..operators.base import positive_int
+from .._checks import positive_int
 
 Layout = tuple[tuple[str, ...], ...]
 

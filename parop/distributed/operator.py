@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import numbers
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Literal, Mapping
@@ -15,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
+from .._checks import is_int
 from ..operator import Operator, Params, _as_input_dtype, _as_tensor
 from ..operators import Role
 from ..params import check_params, init, name_key
@@ -498,7 +498,7 @@ def batch_sizes(batch_shape, where: str) -> tuple[int, ...]:
     >>> batch_sizes([np.int64(4), 2], "plan_for")
     (4, 2)"""
     if (not isinstance(batch_shape, (tuple, list))
-            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in batch_shape)):
+            or not all(map(is_int, batch_shape))):
         raise TypeError(f"{where} takes a tuple of batch sizes (ints), got {batch_shape!r}")
     if any(n < 1 for n in batch_shape):
         raise ValueError(f"{where}: batch sizes must be positive (an empty batch moves nothing and has no plan), "

@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..distributed.hlo import collectives
 from ..distributed.plan.cost import KINDS
-from ..operators.base import positive_int
+from .._checks import positive_int
 from .fno import FNO
 from .train import as_real, make_step, relative_l2
 

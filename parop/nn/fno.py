@@ -34,7 +34,7 @@ from ..distributed.layout import check_partition
 from ..distributed.plan import PlanningError
 from ..operator import Operator
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
-from ..operators.base import is_positive_int, positive_int
+from .._checks import is_positive_int, positive_int
 from ..params import name_key
 
 Params = dict[str, jax.Array]

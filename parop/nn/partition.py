@@ -25,7 +25,7 @@ from itertools import product
 
 import jax
 
-from ..operators.base import positive_int
+from .._checks import positive_int
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 from .. import checkpoint as ckpt
+from .._checks import is_int
 
 Params = dict[str, jax.Array]
 
@@ -165,7 +166,7 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
     _check_counts("fit", steps=steps, every=every)
     if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < math.inf:
         raise ValueError(f"fit: lr must be a positive number, got lr={lr!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+    if not is_int(seed) or seed < 0:
         raise ValueError(f"fit: seed must be an int >= 0 (it draws the order of the samples), got seed={seed!r}")
     if batch > n:
         raise ValueError(f"fit: batch={batch} is larger than the data set ({n} samples): use batch <= {n}")
@@ -223,7 +224,7 @@ def _check_counts(where: str, **counts) -> None:
     """A `TypeError` for a count that is not an int (a NumPy integer is one; a bool is
     not), and a `ValueError` for one below 1, each naming `where` and the argument."""
     for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not is_int(value):
             raise TypeError(f"{where}: {name} must be an int, got {name}={value!r} ({type(value).__name__})")
         if value < 1:
             raise ValueError(f"{where}: {name} must be at least 1, got {name}={value}")

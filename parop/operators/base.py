@@ -61,21 +61,6 @@ def name_label(name: str | None) -> str:
     return "" if name is None else f" {name!r}"
 
 
-def is_positive_int(value) -> bool:
-    """Whether `value` is an int >= 1: a Python or NumPy integer, not a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
-
-
-def positive_int(value, what: str, op: str) -> int:
-    """`value` as an int >= 1, or a `ValueError` that names the operator or function `op`.
-
-    >>> positive_int(np.int64(3), "n", "DFT")
-    3"""
-    if not is_positive_int(value):
-        raise ValueError(f"{op}: {what} must be a positive int, got {value!r}")
-    return int(value)
-
-
 def mix(w: jax.Array, x: jax.Array, axis: int, transpose: bool) -> jax.Array:
     """`y[o, m...] = sum_i w[o, i, m...] x[i, m...]` on the axes of `x` from `axis` on:
     `w`'s first two axes contract axis `axis` of `x`, its other axes (the modes of a

@@ -30,8 +30,9 @@ import numpy as np
 from jax import lax
 
 from .. import _dtypes
+from .._checks import positive_int
 from .._dtypes import Flow
-from .base import Leaf, Role, dims, name_label, positive_int
+from .base import Leaf, Role, dims, name_label
 
 BOUNDARIES = ("periodic", "zero")
 

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _dtypes
+from .._checks import positive_int
 from .._dtypes import Flow
-from .base import Leaf, Role, positive_int
+from .base import Leaf, Role
 from .diagonal import along
 
 T = TypeVar("T")

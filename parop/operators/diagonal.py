@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 
 from .. import _dtypes
+from .._checks import positive_int
 from .._dtypes import Flow
-from .base import Leaf, Role, name_label, positive_int
+from .base import Leaf, Role, name_label
 
 
 def along(w: jax.Array, x: jax.Array, axis: int) -> jax.Array:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from .. import _dtypes
+from .._checks import positive_int
 from .._dtypes import Flow
-from .base import Leaf, Role, positive_int
+from .base import Leaf, Role
 
 
 class Identity(Leaf):

@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from .. import _dtypes
+from .._checks import positive_int
 from .._dtypes import Flow
-from .base import Leaf, Role, dims, mix, name_label, positive_int
+from .base import Leaf, Role, dims, mix, name_label
 
 
 class Matrix(Leaf):

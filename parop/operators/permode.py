@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _dtypes
+from .._checks import positive_int
 from .._dtypes import Flow
-from .base import Leaf, Role, dims, mix, name_label, positive_int
+from .base import Leaf, Role, dims, mix, name_label
 
 
 class PerModeMatrix(Leaf):

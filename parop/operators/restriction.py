@@ -10,8 +10,9 @@ import numpy as np
 from jax import lax
 
 from .. import _dtypes
+from .._checks import is_int, positive_int
 from .._dtypes import Flow
-from .base import Leaf, Role, positive_int
+from .base import Leaf, Role
 
 
 def _indices(n: int, keep) -> np.ndarray:
@@ -31,7 +32,7 @@ def _indices(n: int, keep) -> np.ndarray:
     for k in keep:
         if isinstance(k, slice):
             picked.extend(range(*k.indices(n)))
-        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        elif is_int(k):
             if not -n <= k < n:
                 raise ValueError(f"Restriction: index {k} is out of range for an axis of size {n}")
             picked.append(int(k) % n)
