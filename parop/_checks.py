@@ -1,5 +1,5 @@
 """The rule for the integer arguments every part of parop takes (sizes, counts, steps,
-seeds): a Python or NumPy integer, never a bool, kept as a Python `int`."""
+seeds, batch shapes): a Python or NumPy integer, never a bool, kept as a Python `int`."""
 
 from __future__ import annotations
 
@@ -30,3 +30,19 @@ def positive_int(value, what: str, where: str) -> int:
     if not is_positive_int(value):
         raise ValueError(f"{where}: {what} must be a positive int, got {value!r}")
     return int(value)
+
+
+def batch_sizes(batch_shape, where: str) -> tuple[int, ...]:
+    """`batch_shape` (the sizes of an input's trailing batch axes) as a tuple of ints, or
+    a `TypeError` (not a sequence of ints) or `ValueError` (a size below 1) that starts
+    with `where`.
+
+    >>> import numpy as np
+    >>> batch_sizes([np.int64(4), 2], "plan_for")
+    (4, 2)"""
+    if not isinstance(batch_shape, (tuple, list)) or not all(map(is_int, batch_shape)):
+        raise TypeError(f"{where} takes a tuple of batch sizes (ints), got {batch_shape!r}")
+    if any(n < 1 for n in batch_shape):
+        raise ValueError(f"{where}: batch sizes must be positive (an empty batch holds nothing to plan, apply or "
+                         f"test), got {tuple(batch_shape)}")
+    return tuple(int(n) for n in batch_shape)

@@ -299,3 +299,15 @@ def test_every_argument_given_an_odd_value_is_named_or_taken(name):
                 continue
             shapes = (built.grid, built.modes) if name == "FNO" else (built.domain_shape, built.range_shape)
             assert all(type(n) is int for shape in shapes for n in shape), (argument, value, shapes)
+
+
+def test_the_dot_test_refuses_what_would_pass_vacuously():
+    """An empty batch gave a mismatch of 0.0 (nothing compared); a batch size or an
+    operator of the wrong kind failed deep inside."""
+    with pytest.raises(ValueError, match=r"^dot_test: batch_shape: batch sizes must be positive .* got \(0,\)"):
+        po.testing.dot_test(po.DFT(4), batch_shape=(0,))
+    with pytest.raises(TypeError, match=r"^dot_test: batch_shape takes a tuple of batch sizes \(ints\), got 4"):
+        po.testing.dot_test(po.DFT(4), batch_shape=4)
+    with pytest.raises(TypeError, match=r"^dot_test takes a parop operator, got ndarray"):
+        po.testing.dot_test(np.eye(4))
+    assert po.testing.dot_test(po.DFT(4), batch_shape=[np.int64(2)]) < 1e-6

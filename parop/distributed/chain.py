@@ -8,10 +8,11 @@ from typing import Literal, Mapping, Sequence
 
 from jax.sharding import Mesh, PartitionSpec
 
+from .._checks import batch_sizes
 from ..display import short
 from ..operator import Operator
 from ..params import named
-from .operator import DistributedOperator, OutPartition, Request, batch_sizes, check_splits, request_of
+from .operator import DistributedOperator, OutPartition, Request, check_splits, request_of
 from .plan import CostModel, Plan, StepAction, route
 from .plan.program import chain
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from .._checks import is_int
+from .._checks import batch_sizes
 from ..operator import Operator, Params, _as_input_dtype, _as_tensor
 from ..operators import Role
 from ..params import check_params, init, name_key
@@ -488,22 +488,6 @@ def plan(
     request = request_of(op, partition, out_partition, mesh, shard_weights, cost, f"plan({op!r})")
     return request.plan(op.named, batch_sizes(batch_shape, f"{request.where}: batch_shape"),
                         request.weights(op.parameters, weights))
-
-
-def batch_sizes(batch_shape, where: str) -> tuple[int, ...]:
-    """`batch_shape` (the sizes of an input's trailing batch axes) as a tuple of ints, or
-    a `TypeError` (not a sequence of ints) or `ValueError` (a size below 1) that starts
-    with `where`.
-
-    >>> batch_sizes([np.int64(4), 2], "plan_for")
-    (4, 2)"""
-    if (not isinstance(batch_shape, (tuple, list))
-            or not all(map(is_int, batch_shape))):
-        raise TypeError(f"{where} takes a tuple of batch sizes (ints), got {batch_shape!r}")
-    if any(n < 1 for n in batch_shape):
-        raise ValueError(f"{where}: batch sizes must be positive (an empty batch moves nothing and has no plan), "
-                         f"got {tuple(batch_shape)}")
-    return tuple(int(n) for n in batch_shape)
 
 
 def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
