@@ -177,6 +177,15 @@ def test_distribute_and_plan_check_the_batch_shape(batch, error, message):
     assert po.distribute(F, (2, 1, 2), batch_shape=[np.int64(4)]).batch_shape == (4,)
 
 
+def test_distribute_chain_takes_a_sequence_of_operators():
+    F = po.kron(po.DFT(16), po.DFT(16))
+    for ops in (F, 3):  # one operator: po.distribute's
+        with pytest.raises(TypeError, match=r"^distribute_chain takes a sequence of operators, .*po.distribute"):
+            po.distribute_chain(ops, (2, 1))
+    (D,) = po.distribute_chain((op for op in [F]), (2, 1))  # any iterable
+    assert D.plan.cost == po.distribute(F, (2, 1)).plan.cost
+
+
 # -- 9. the rest ---------------------------------------------------------------------------------------
 
 def test_init_on_an_abstract_mesh():

@@ -57,7 +57,13 @@ def distribute_chain(
     ((8, 32, 32), dtype('complex64'))
     ```
     """
-    ops = tuple(ops)
+    try:
+        ops = tuple(ops) if not isinstance(ops, Operator) else None
+    except TypeError:
+        ops = None
+    if ops is None:
+        raise TypeError("distribute_chain takes a sequence of operators, the first's output the second's input, "
+                        "... (one operator: po.distribute)")
     names = " → ".join(repr(op) for op in ops)
     where = f"distribute_chain({names})"
     if not ops:
