@@ -188,9 +188,12 @@ class Operator:
     @property
     def parameters(self) -> dict[str, "Operator"]:
         """`{name: leaf}` for every parametric leaf, as `po.init` names them."""
-        from .params import parametric_leaves
+        def make():  # imported on the first call only: `A @ x` asks on every call
+            from .params import parametric_leaves
 
-        return self._cache("_parameters", lambda: parametric_leaves(self))
+            return parametric_leaves(self)
+
+        return self._cache("_parameters", make)
 
     # -- application --------------------------------------------------------------
     def apply(self, θ: Params | None, x) -> jax.Array:

@@ -362,10 +362,9 @@ class DistributedOperator(Operator):
         if call is None:
             planned = DistributedOperator(self.planned, self.request, self.forward_plan, self.programs, self.adjoint)
             call = self.programs.calls[self.adjoint] = jax.jit(functools.partial(_call, planned))
-        replicated = NamedSharding(self.mesh, PartitionSpec())
         x = self._onto_mesh(x, lambda: self._input_sharding(x))
         scalars = self.op._cache("_scalars", lambda: tuple(jax.tree.leaves(self.op)))
-        return call(θ, x, [self._onto_mesh(c, lambda: replicated) for c in scalars])
+        return call(θ, x, [self._onto_mesh(c, lambda: NamedSharding(self.mesh, PartitionSpec())) for c in scalars])
 
     def _batch_of(self, x) -> tuple[int, ...] | None:
         """The batch shape of input `x` (None where it fits neither the tensor nor the flat
