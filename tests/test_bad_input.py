@@ -279,7 +279,7 @@ CONSTRUCTORS = {
                                          dtype="float32", name=None)),
     "Stencil": (po.Stencil, dict(weights=np.ones((3, 3), np.float32), grid=(8, 8), boundary="periodic", dtype=None)),
     "FNO": (FNO, dict(grid=(8, 8), width=4, modes=(2, 2), layers=1, in_channels=1, out_channels=1,
-                            projection=4, dtype="float32", local_kernel=None, remat=False)),
+                      projection=4, dtype="float32", local_kernel=None, remat=False)),
 }
 
 
