@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 
 def is_int(value) -> bool:
     """Whether `value` is an integer: a Python or NumPy one, not a bool.
@@ -20,6 +22,12 @@ def is_positive_int(value) -> bool:
     return is_int(value) and value >= 1
 
 
+def is_axes(value) -> bool:
+    """Whether `value` lists one entry per axis: a tuple, a list or a 1-D NumPy array (a
+    grid, modes, a partition)."""
+    return isinstance(value, (tuple, list)) or isinstance(value, np.ndarray) and value.ndim == 1
+
+
 def positive_int(value, what: str, where: str) -> int:
     """`value` as an int >= 1, or a `ValueError` that names the operator or function
     `where` and the argument `what`.
@@ -29,6 +37,19 @@ def positive_int(value, what: str, where: str) -> int:
     3"""
     if not is_positive_int(value):
         raise ValueError(f"{where}: {what} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def int_at_least(value, least: int, what: str, where: str, kind: str = "an int") -> int:
+    """`value` as an int >= `least`, or a `TypeError` (not an integer: `kind` says what
+    is wanted) or `ValueError` (below `least`) naming `where` and the argument `what`.
+
+    >>> int_at_least(0, 0, "step", "save")
+    0"""
+    if not is_int(value):
+        raise TypeError(f"{where}: {what} must be {kind}, got {what}={value!r} ({type(value).__name__})")
+    if value < least:
+        raise ValueError(f"{where}: {what} must be at least {least}, got {what}={value}")
     return int(value)
 
 

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import is_int
+from ._checks import int_at_least
 
 PyTree = Any
 PathLike = str | os.PathLike
@@ -91,15 +91,9 @@ def _check_save_args(step, keep) -> int:
     """`step` as an `int`, after a `TypeError` for a `step` that is not an integer or a
     `keep` that is neither an integer nor `None` (a bool is neither), and a `ValueError`
     for a step below 0 or a `keep` below 1."""
-    for name, value, least in (("step", step, 0), ("keep", keep, 1)):
-        if name == "keep" and value is None:
-            continue
-        if not is_int(value):
-            kind = "an int" if name == "step" else "an int or None"
-            raise TypeError(f"save: {name} must be {kind}, got {name}={value!r} ({type(value).__name__})")
-        if value < least:
-            raise ValueError(f"save: {name} must be at least {least}, got {name}={value}")
-    return int(step)
+    if keep is not None:
+        int_at_least(keep, 1, "keep", "save", "an int or None")
+    return int_at_least(step, 0, "step", "save")
 
 
 def _check_leaves(tree: PyTree, where: str, kinds: tuple[type, ...], described: str) -> None:

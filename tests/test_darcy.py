@@ -133,16 +133,16 @@ def test_chunked_solve_matches_single_call(monkeypatch, dim, s):
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"n_samples": 0}, ValueError, "n_samples must be at least 1, got 0"),
-        ({"resolution": 2}, ValueError, "resolution must be at least 3, got 2"),
+        ({"n_samples": 0}, ValueError, "n_samples must be at least 1, got n_samples=0"),
+        ({"resolution": 2}, ValueError, "resolution must be at least 3, got resolution=2"),
         ({"dim": 1}, ValueError, r"dim must be one of \(2, 3\), got 1"),
         ({"dim": 4}, ValueError, "dim must be one of"),
-        ({"n_samples": 4.0}, TypeError, r"n_samples must be an int, got 4.0 \(float\)"),
+        ({"n_samples": 4.0}, TypeError, r"n_samples must be an int, got n_samples=4.0 \(float\)"),
         ({"resolution": 16.0}, TypeError, "resolution must be an int"),
         ({"dim": 2.0}, TypeError, "dim must be an int"),
         ({"dim": True}, TypeError, "dim must be an int"),
-        ({"seed": None}, TypeError, r"seed must be an int, got None"),  # NumPy would draw a fresh seed
-        ({"seed": -1}, ValueError, "seed must be at least 0, got -1"),
+        ({"seed": None}, TypeError, r"seed must be an int, got seed=None"),  # NumPy would draw a fresh seed
+        ({"seed": -1}, ValueError, "seed must be at least 0, got seed=-1"),
     ],
 )
 def test_rejects_bad_arguments(kwargs, error, match):

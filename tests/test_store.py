@@ -116,7 +116,7 @@ def test_open_store_and_batch_name_bad_input(darcy, tmp_path):
         write_darcy(tmp_path / "w.zarr", 4, 8, part=(3, 3))
     with pytest.raises(ValueError, match=r"write_darcy: chunks must be 4 positive ints starting with 1"):
         write_darcy(tmp_path / "w.zarr", 4, 8, chunks=(2, 1, 4, 4))
-    with pytest.raises(ValueError, match=r"write_darcy: resolution must be at least 3, got 2"):
+    with pytest.raises(ValueError, match=r"write_darcy: resolution must be at least 3, got resolution=2"):
         write_darcy(tmp_path / "w.zarr", 4, 2, part=(3, 5))  # checked even where the part has no samples
     assert not (tmp_path / "w.zarr").exists()
     with pytest.raises(ValueError, match=r"holds another data set .*n_samples': 12.*n_samples': 13"):

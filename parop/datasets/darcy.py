@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import is_int
+from .._checks import int_at_least, is_int
 
 __all__ = ["darcy_blocks", "darcy_flow"]
 
@@ -175,15 +175,12 @@ def checked(where: str, n_samples, resolution, dim, seed) -> tuple[int, int, int
 
     >>> checked("darcy_flow", np.int64(4), 32, 2, 0)
     (4, 32, 2, 0)"""
-    for name, value, least in (("n_samples", n_samples, 1), ("resolution", resolution, 3), ("dim", dim, None),
-                               ("seed", seed, 0)):
-        if not is_int(value):
-            raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__})")
-        if least is not None and value < least:
-            raise ValueError(f"{where}: {name} must be at least {least}, got {value}")
+    n_samples = int_at_least(n_samples, 1, "n_samples", where)
+    resolution = int_at_least(resolution, 3, "resolution", where)
+    dim, seed = int_at_least(dim, 0, "dim", where), int_at_least(seed, 0, "seed", where)
     if dim not in _DIMS:
         raise ValueError(f"{where}: dim must be one of {_DIMS}, got {dim}")
-    return int(n_samples), int(resolution), int(dim), int(seed)
+    return n_samples, resolution, dim, seed
 
 
 def _coefficient_fields(rng: np.random.Generator, n: int, s: int, dim: int) -> np.ndarray:

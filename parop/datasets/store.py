@@ -85,9 +85,7 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
 
 
 def _check_part(part) -> tuple[int, int]:
-    if (not isinstance(part, tuple) or len(part) != 2
-            or not all(map(is_int, part))
-            or not 0 <= part[0] < part[1]):
+    if not isinstance(part, tuple) or len(part) != 2 or not all(map(is_int, part)) or not 0 <= part[0] < part[1]:
         raise ValueError(f"write_darcy: part must be (index, count) with 0 <= index < count, got {part!r}")
     return int(part[0]), int(part[1])
 

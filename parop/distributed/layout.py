@@ -12,10 +12,9 @@ import math
 from collections.abc import Iterator
 
 import jax
-import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from .._checks import positive_int
+from .._checks import is_axes, positive_int
 
 Layout = tuple[tuple[str, ...], ...]
 
@@ -108,9 +107,7 @@ def check_partition(partition, where: str, what: str = "partition") -> tuple[int
 
     >>> check_partition(np.array([2, 1]), "distribute")
     (2, 1)"""
-    if isinstance(partition, np.ndarray) and partition.ndim == 1:
-        partition = tuple(partition)
-    if not isinstance(partition, (tuple, list)):
+    if not is_axes(partition):
         raise ValueError(f"{where}: {what} must be a tuple of positive ints or a PartitionSpec, got {partition!r}")
     return tuple(positive_int(p, f"{what} entry {i}", where) for i, p in enumerate(partition))
 

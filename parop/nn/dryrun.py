@@ -273,7 +273,7 @@ def _report(args) -> dict:
         planned_in = time.perf_counter() - start
         report = dry_run(model, args.batch)
         return {**report, "plan_seconds": report["plan_seconds"] + planned_in}
-    if not args.devices or args.devices == 1 and args.memory_limit is None:
+    if not args.devices or (args.devices == 1 and args.memory_limit is None):  # a limit is checked on one too
         return dry_run(model, args.batch)
     limit = None if args.memory_limit is None else args.memory_limit * 1e9
     start = time.perf_counter()

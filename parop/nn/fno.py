@@ -24,7 +24,6 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import _dtypes
@@ -34,7 +33,7 @@ from ..distributed.layout import check_partition
 from ..distributed.plan import PlanningError
 from ..operator import Operator
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
-from .._checks import is_positive_int, positive_int
+from .._checks import is_axes, is_positive_int, positive_int
 from ..params import name_key
 
 Params = dict[str, jax.Array]
@@ -49,18 +48,13 @@ def largest_modes(grid: Sequence[int]) -> tuple[int, ...]:
     return tuple(full) + (2 * (last // 2) + 1,)
 
 
-def _is_axes(value) -> bool:
-    """Whether `value` lists one entry per axis: a tuple, a list or a 1-D NumPy array."""
-    return isinstance(value, (tuple, list)) or isinstance(value, np.ndarray) and value.ndim == 1
-
-
 def check_modes(grid: tuple[int, ...], modes, where: str = "FNO") -> tuple[int, ...]:
     """`modes` (neuraloperator's convention, one count per axis) checked against `grid`:
     a `ValueError` naming the axis, its size and the largest valid count."""
     largest = largest_modes(grid)
     if modes is None:
         return tuple(min(12, m) for m in largest)
-    modes = tuple(modes) if _is_axes(modes) else modes
+    modes = tuple(modes) if is_axes(modes) else modes
     if not isinstance(modes, tuple) or len(modes) != len(grid):
         raise ValueError(f"{where}: modes must give one count per grid axis ({len(grid)} for grid {grid}), got {modes!r}")
     modes = tuple(positive_int(m, f"modes[{i}]", where) for i, m in enumerate(modes))
@@ -143,7 +137,7 @@ class FNO:
                  layers: int = 4, in_channels: int = 1, out_channels: int = 1, projection: int = 128,
                  dtype=jnp.float32, local_kernel: int | None = None, remat: bool = False):
         given = grid
-        grid = tuple(grid) if _is_axes(grid) else grid
+        grid = tuple(grid) if is_axes(grid) else grid
         if not isinstance(grid, tuple) or not 1 <= len(grid) <= 4 or not all(map(is_positive_int, grid)):
             raise ValueError(f"FNO: grid must be 1 to 4 positive ints (a 1-D to 4-D grid), got {given!r}")
         grid = tuple(int(n) for n in grid)

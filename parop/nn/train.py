@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 from .. import checkpoint as ckpt
-from .._checks import is_int
+from .._checks import int_at_least, is_int
 
 Params = dict[str, jax.Array]
 
@@ -224,10 +224,7 @@ def _check_counts(where: str, **counts) -> None:
     """A `TypeError` for a count that is not an int (a NumPy integer is one; a bool is
     not), and a `ValueError` for one below 1, each naming `where` and the argument."""
     for name, value in counts.items():
-        if not is_int(value):
-            raise TypeError(f"{where}: {name} must be an int, got {name}={value!r} ({type(value).__name__})")
-        if value < 1:
-            raise ValueError(f"{where}: {name} must be at least 1, got {name}={value}")
+        int_at_least(value, 1, name, where)
 
 
 def _check_shapes(where: str, model, ds) -> None:
