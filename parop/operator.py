@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from typing import Any, Mapping
 
 import jax
@@ -250,6 +251,8 @@ class Operator:
     def __truediv__(self, c) -> "Operator":
         from .algebra import scale
 
+        if isinstance(c, numbers.Number) and not isinstance(c, bool) and c == 0:
+            raise ZeroDivisionError(f"{self!r} / {c!r}: an operator divided by zero")
         return scale(1 / c, self)
 
     def __neg__(self) -> "Operator":

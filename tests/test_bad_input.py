@@ -160,6 +160,8 @@ def test_integer_and_boolean_input_is_cast_to_the_operator_dtype():
      "DFT: norm must be one of ('backward', 'ortho', 'forward'), got array([1., 1.])"),
     (lambda: (0 * po.DFT(8)).inverse(), ValueError, "0·DFT(8) has no inverse: its scalar is zero"),
     (lambda: (jnp.float32(0) * po.DFT(8)).inverse(), ValueError, "c·DFT(8) has no inverse: its scalar is zero"),
+    (lambda: po.DFT(8) / 0, ZeroDivisionError, "DFT(8) / 0: an operator divided by zero"),
+    (lambda: po.DFT(8) / np.float64(0), ZeroDivisionError, "DFT(8) / np.float64(0.0): an operator divided by zero"),
     (lambda: po.Identity(4, "int32"), TypeError,
      "Identity: dtype must be one of bfloat16, float16, float32, float64, complex64, complex128, got int32"),
     (lambda: po.Matrix(4, 4, "mystery"), TypeError,

@@ -107,6 +107,7 @@ def test_no_partition_fits_is_a_clear_error():
                           (dict(devices=2), "needs devices=N and batch=B"),
                           (dict(devices=64, batch=1), "64 devices asked for, 8 available"),
                           (dict(devices=2, batch=1, memory_limit=-1), "memory_limit must be a positive"),
+                          (dict(devices=2, batch=1, memory_limit=float("nan")), "memory_limit must be a positive"),
                           (dict(), "give a partition")]:
         with pytest.raises(ValueError, match=match):
             model.distribute(**kwargs)

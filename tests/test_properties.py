@@ -4,6 +4,8 @@
   partitions on 1, 2, 4 and 8 devices x `out_partition` None, "auto" or random split
   counts: forward, adjoint and gradient equal the serial operator in float64 /
   complex128 to tight tolerance.
+- Random FNOs (1-D to 4-D, with and without the local convolution) x random partitions
+  x two batch sizes: output and gradients equal the serial network's in float64.
 - Random invalid input (partitions, meshes, shapes, dtypes, parameter dicts): a
   `ValueError` or `TypeError`, never a hang, an XLA abort or a silent wrong answer.
 - Every FFT of a distributed program runs inside the `shard_map` on whole (local)
@@ -32,6 +34,8 @@ import parop as po
 from conftest import LONG
 from parop.distributed.layout import sharding
 from parop.distributed.plan.plan import walk
+from parop.nn import FNO
+from parop.nn.fno import largest_modes
 from reference import applied, pairing, random_array, random_params, random_tree, serial_results
 
 pytestmark = pytest.mark.properties  # the long pass selects them with `-m "long or properties"`
@@ -263,6 +267,68 @@ def test_the_output_is_laid_out_as_its_batch_shapes_plan_leaves_it():
     assert D.out_sharding.spec == P(None, None, "d0") and D.plan_for((4,)).out_layout == ((), (), ())
     assert y.sharding.is_equivalent_to(sharding(D.mesh, D.plan_for((4,)).out_layout), 3)
 
+
+
+# -- the same invariant for whole networks: a distributed FNO is the serial FNO -------------------
+
+@st.composite
+def fno_cases(draw):
+    ndim = draw(st.sampled_from([1, 2, 2, 3, 3, 4]))
+    grid = tuple(draw(st.lists(st.sampled_from([2, 4] if ndim == 4 else [4, 6, 8]), min_size=ndim, max_size=ndim)))
+    modes = tuple(draw(st.integers(1, m)) for m in largest_modes(grid))
+    model = dict(grid=grid, modes=modes, width=draw(st.integers(1, 4)), layers=draw(st.integers(1, 2)),
+                 projection=draw(st.sampled_from([2, 4])), local_kernel=draw(st.sampled_from([None, 3])),
+                 in_channels=draw(st.integers(1, 2)), out_channels=draw(st.integers(1, 2)))
+    devices = draw(st.sampled_from([1, 2, 4, 8]))
+    picks = draw(st.lists(st.integers(0, 5), min_size=3, max_size=3))
+    batches = (draw(st.integers(1, 2)), draw(st.integers(1, 3)))  # samples per batch split: reference, other
+    return draw(st.integers(0, 2**32 - 1)), model, devices, picks, batches
+
+
+@PASS_SEED
+@settings(max_examples=max(1, int(4 * SCALE)), **SETTINGS)
+@given(fno_cases())
+def test_a_distributed_fno_is_the_serial_fno(case):
+    """Random FNOs (1-D to 4-D grids, odd sizes and mode counts, with and without the
+    local convolution) on random partitions of (batch, *grid): the output and the
+    gradient of every weight equal the serial network's in float64, at the batch size
+    the model was distributed for and at another, planned with the weights where the
+    first put them (as `evaluate` and `fit` do)."""
+    seed, kwargs, devices, picks, (per_reference, per_other) = case
+    model = FNO(**kwargs, dtype=jnp.float64)
+    grid_picks = [0 if p == 0 else p + 1 for p in picks]  # the channel axis (1) stays whole
+    partition = split_over((8, 1) + model.grid, grid_picks, devices)
+    reference, other = partition[0] * per_reference, partition[0] * per_other
+    try:
+        with no_hang():
+            dist = model.distribute(partition, batch=reference)
+    except ValueError as e:
+        # every axis of the grid must be whole at some step: a plan exists where the batch
+        # axis can hold every mesh axis (an FNO of one device per sample)
+        assert "no plan exists" in str(e) and reference % math.prod(partition), (partition, reference, e)
+        assume(False)
+    θ = model.init(jax.random.key(seed % 2**31))
+    θd = dist.init(jax.random.key(seed % 2**31))
+    rng = np.random.default_rng(seed)
+    for batch in (reference, other):
+        a = jnp.asarray(rng.standard_normal((batch, model.in_channels) + model.grid))
+        c = jnp.asarray(rng.standard_normal((batch, model.out_channels) + model.grid))
+
+        def applied_and_grad(m, θ):  # one program: the output and the gradient of <c, output>
+            y, back = jax.vjp(lambda θ: m.apply(θ, a), θ)
+            return y, back(c)[0]
+
+        want, want_grads = jax.jit(lambda θ: applied_and_grad(model, θ))(θ)
+        try:
+            with no_hang():
+                got, grads = jax.jit(lambda θ: applied_and_grad(dist, θ))(θd)
+        except ValueError as e:  # no plan for this batch size with the reference's placements
+            assert batch != reference and "FNO.distribute: a batch of" in str(e), (partition, batch, e)
+            continue
+        close(got, want, scale_of(want))
+        assert set(grads) == set(want_grads)
+        for name, g in grads.items():
+            close(g, want_grads[name], scale_of(want_grads[name]))
 
 # -- invalid input: ValueError or TypeError, nothing else ---------------------------------------
 

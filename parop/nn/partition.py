@@ -20,6 +20,7 @@ axis must leave its FFT's axis and come back), and planning them takes minutes.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from itertools import product
 
@@ -137,7 +138,7 @@ def _check(where: str, devices, batch, memory_limit) -> tuple[int, int]:
     available = len(jax.devices())
     if devices > available:
         raise ValueError(f"{where}: {devices} devices asked for, {available} available")
-    if memory_limit is not None and (isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float))
-                                     or memory_limit <= 0):
+    if memory_limit is not None and (isinstance(memory_limit, bool) or not isinstance(memory_limit, numbers.Real)
+                                     or not memory_limit > 0):  # nan too
         raise ValueError(f"{where}: memory_limit must be a positive number of bytes (or None), got {memory_limit!r}")
     return devices, batch
