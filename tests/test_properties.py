@@ -4,8 +4,9 @@
   partitions on 1, 2, 4 and 8 devices x `out_partition` None, "auto" or random split
   counts: forward, adjoint and gradient equal the serial operator in float64 /
   complex128 to tight tolerance.
-- Random FNOs (1-D to 4-D, with and without the local convolution) x random partitions
-  x two batch sizes: output and gradients equal the serial network's in float64.
+- Random FNOs (1-D to 4-D, with and without the local convolution and `remat`) x
+  random partitions x two batch sizes: output and gradients equal the serial network's
+  in float64.
 - Random invalid input (partitions, meshes, shapes, dtypes, parameter dicts): a
   `ValueError` or `TypeError`, never a hang, an XLA abort or a silent wrong answer.
 - Every FFT of a distributed program runs inside the `shard_map` on whole (local)
@@ -282,7 +283,7 @@ def fno_cases(draw):
     devices = draw(st.sampled_from([1, 2, 4, 8]))
     picks = draw(st.lists(st.integers(0, 5), min_size=3, max_size=3))
     batches = (draw(st.integers(1, 2)), draw(st.integers(1, 3)))  # samples per batch split: reference, other
-    return draw(st.integers(0, 2**32 - 1)), model, devices, picks, batches
+    return draw(st.integers(0, 2**32 - 1)), model, devices, picks, batches, draw(st.booleans())
 
 
 @PASS_SEED
@@ -290,18 +291,18 @@ def fno_cases(draw):
 @given(fno_cases())
 def test_a_distributed_fno_is_the_serial_fno(case):
     """Random FNOs (1-D to 4-D grids, odd sizes and mode counts, with and without the
-    local convolution) on random partitions of (batch, *grid): the output and the
-    gradient of every weight equal the serial network's in float64, at the batch size
-    the model was distributed for and at another, planned with the weights where the
-    first put them (as `evaluate` and `fit` do)."""
-    seed, kwargs, devices, picks, (per_reference, per_other) = case
+    local convolution, with and without `remat`) on random partitions of (batch, *grid):
+    the output and the gradient of every weight equal the serial network's (without
+    `remat`) in float64, at the batch size the model was distributed for and at another,
+    planned with the weights where the first put them (as `evaluate` and `fit` do)."""
+    seed, kwargs, devices, picks, (per_reference, per_other), remat = case
     model = FNO(**kwargs, dtype=jnp.float64)
     grid_picks = [0 if p == 0 else p + 1 for p in picks]  # the channel axis (1) stays whole
     partition = split_over((8, 1) + model.grid, grid_picks, devices)
     reference, other = partition[0] * per_reference, partition[0] * per_other
     try:
         with no_hang():
-            dist = model.distribute(partition, batch=reference)
+            dist = FNO(**kwargs, dtype=jnp.float64, remat=remat).distribute(partition, batch=reference)
     except ValueError as e:
         # every axis of the grid must be whole at some step: a plan exists where the batch
         # axis can hold every mesh axis (an FNO of one device per sample)
