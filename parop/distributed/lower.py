@@ -113,9 +113,24 @@ def _step(visit: Visit, x: jax.Array, weights: dict, scalars: tuple) -> jax.Arra
 
 
 def _weight(visit: Visit, weights: dict) -> jax.Array | None:
-    """The weight the step of `visit` takes (None: it has none)."""
+    """The weight the step of `visit` takes (None: it has none), varying over the mesh
+    axes the data varies over (the layout's) where it does not hold a piece of its own.
+    It is marked so once per program for each such set of mesh axes (kept in `weights`,
+    the program's own dict), and as a whole, so that JAX's transpose sums its gradient
+    in one `psum` per set, however many steps use it there (a weight and its adjoint)
+    and however many pieces of it a step uses (a stencil's taps, a complex kernel's real
+    and imaginary parts), as the plan counts."""
     key = _weight_key(visit)
-    return None if key is None else _varying(weights[key], visit)
+    if key is None:
+        return None
+    held = {n for axes in visit.action.weight_spec(visit.before) for n in axes}
+    missing = tuple(n for n in visit.before.varying if n not in held)
+    if not missing:
+        return weights[key]
+    marked = (key, frozenset(missing))
+    if marked not in weights:
+        weights[marked] = lax.pcast(weights[key], missing, to="varying")
+    return weights[marked]
 
 
 @run_action.register(Local)
@@ -153,16 +168,6 @@ def _all_to_all(x: jax.Array, names, split: int, concat: int) -> jax.Array:
     pullback) into operands of different layouts and fails its own verifier."""
     x = lax.all_to_all(lax.optimization_barrier(x), names, split_axis=split, concat_axis=concat, tiled=True)
     return lax.optimization_barrier(x)
-
-
-def _varying(w: jax.Array, visit: Visit) -> jax.Array:
-    """The weight `w` of a step, varying over the mesh axes the data varies over (the
-    layout's) where it does not hold a piece of its own: marked once, as a whole, so that
-    JAX's transpose sums its gradient in one `psum` however many pieces of it the step
-    uses (a stencil's taps, a complex kernel's real and imaginary parts), as the plan says."""
-    held = {n for axes in visit.action.weight_spec(visit.before) for n in axes}
-    missing = tuple(n for n in visit.before.varying if n not in held)
-    return lax.pcast(w, missing, to="varying") if missing else w
 
 
 def _stencil(visit: Visit, w, x: jax.Array) -> jax.Array:

@@ -127,12 +127,24 @@ class Plan:
 
     def traffic(self) -> tuple[list[Collective], list[Collective]]:
         """Every collective of the program, forward and backward (the transpose JAX runs
-        for `jax.grad`, with the weight gradients' all-reduces)."""
-        fwd, bwd = [], []
+        for `jax.grad`, with the weight gradients' collectives: one of each kind per weight
+        and set of mesh axes, however many steps use it there, as the program sums their
+        gradients first)."""
+        fwd, bwd, summed = [], [], set()
         for visit in walk(self.visits):
-            f, b = visit.action.collectives(visit.before)
-            fwd += f
-            bwd += b
+            action, here = visit.action, visit.before
+            if not isinstance(action, StepAction):
+                f, b = action.collectives(here)
+                fwd += f
+                bwd += b
+                continue
+            fwd += action.forward(here)
+            bwd += action.backward(here)
+            for c in action.weight_gradient(here):
+                key = (action.step.leaf.name, c.kind, frozenset(c.axes))
+                if key not in summed:
+                    summed.add(key)
+                    bwd.append(c)
         return fwd, bwd
 
     @property
@@ -166,7 +178,10 @@ class Plan:
 
     @property
     def cost(self) -> tuple[float, float, int]:
-        """What the planner minimised: (time in bytes, bytes sent, collectives)."""
+        """What the program costs under its cost model: (time in bytes, bytes sent,
+        collectives). The planner minimised it, but for a weight that several steps use,
+        whose gradient's collectives it prices at each such step (the program runs them
+        once per set of mesh axes, see `traffic`)."""
         return self.cost_model.price(*self.traffic())
 
     def transpose(self, operator: Operator) -> "Plan":
@@ -219,7 +234,9 @@ class Plan:
         out.append(f"  out  {self.out_shape} {spec_of(self.out_layout)}")
         fwd, bwd = self.traffic()
         out.append(f"  forward:  {_summary(fwd)}")
-        out.append(f"  backward: {_summary(bwd)}")
+        shared = sum(len(v.action.collectives(v.before)[1]) for v in walk(self.visits)) > len(bwd)
+        out.append(f"  backward: {_summary(bwd)}"
+                   + ("  (a weight several steps use: its gradient reduced once)" if shared else ""))
         return out
 
     def __str__(self) -> str:
