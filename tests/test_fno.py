@@ -206,6 +206,15 @@ def test_wrong_input_shape_and_unsplittable_batch():
     for bad in (0, -1, 2.5, "2", None):
         with pytest.raises(ValueError, match=rf"FNO.operators: batch must be a positive int, got {bad!r}"):
             dist.operators(bad)
+    with pytest.raises(ValueError) as info:  # named in a line, not with the whole network's operators
+        model.distribute((1, 1, 4, 2, 2))
+    assert str(info.value) == "FNO.distribute: partition (1, 1, 4, 2, 2) needs 16 devices, but 8 are available"
+    with pytest.raises(ValueError) as info:  # the lifting's input: 1 channel and 3 coordinates
+        FNO((8, 8, 6), width=4, modes=(4, 4, 4), layers=1).distribute((1, 8, 1, 1, 1))
+    assert str(info.value) == ("FNO.distribute: input axis 1 of size 4 cannot be split in 8: use a size divisible "
+                               "by 8 (8), or split it in one of [1, 2, 4]")
+    with pytest.raises(ValueError, match=r"^FNO.distribute: input axis 4 of size 6 cannot be split in 4"):
+        FNO((8, 8, 6), width=4, modes=(4, 4, 4), layers=1).distribute((1, 1, 1, 1, 4))
 
 
 @pytest.mark.parametrize("remat", [False, True])

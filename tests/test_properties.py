@@ -287,7 +287,7 @@ def fno_cases(draw):
 
 
 @PASS_SEED
-@settings(max_examples=max(1, int(4 * SCALE)), **SETTINGS)
+@settings(max_examples=max(1, int(3 * SCALE)), **SETTINGS)  # 2 in the long pass: each compiles 8 programs
 @given(fno_cases())
 def test_a_distributed_fno_is_the_serial_fno(case):
     """Random FNOs (1-D to 4-D grids, odd sizes and mode counts, with and without the
@@ -311,7 +311,7 @@ def test_a_distributed_fno_is_the_serial_fno(case):
     θ = model.init(jax.random.key(seed % 2**31))
     θd = dist.init(jax.random.key(seed % 2**31))
     rng = np.random.default_rng(seed)
-    for batch in (reference, other):
+    for batch in dict.fromkeys((reference, other)):
         a = jnp.asarray(rng.standard_normal((batch, model.in_channels) + model.grid))
         c = jnp.asarray(rng.standard_normal((batch, model.out_channels) + model.grid))
 

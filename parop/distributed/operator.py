@@ -42,7 +42,17 @@ def _nearest_multiples(n: int, p: int) -> str:
 def check_splits(shape, layout: Layout, mesh: Mesh, where: str) -> None:
     """A `ValueError` naming the axis, its size, the split and the sizes that work where
     `layout` splits an axis of `shape` unevenly (parop rejects uneven sizes)."""
-    for axis, (n, p) in enumerate(zip(shape, split_sizes(layout, mesh.shape))):
+    check_split_counts(shape, split_sizes(layout, mesh.shape), where)
+
+
+def check_split_counts(shape, counts, where: str) -> None:
+    """`check_splits` for the number of pieces each axis of `shape` is split in.
+
+    >>> check_split_counts((8, 6), (2, 4), "here")
+    Traceback (most recent call last):
+    ValueError: here: input axis 1 of size 6 cannot be split in 4: use a size divisible by 4 (4 or 8), or split it in one of [1, 2, 3, 6]
+    """
+    for axis, (n, p) in enumerate(zip(shape, counts)):
         if n % p:
             raise ValueError(
                 f"{where}: input axis {axis} of size {n} cannot be split in {p}: use a size "

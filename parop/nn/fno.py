@@ -30,6 +30,7 @@ from .. import _dtypes
 from ..algebra import kron
 from ..distributed import CostModel, DistributedOperator, distribute, distribute_chain
 from ..distributed.layout import check_partition
+from ..distributed.operator import check_split_counts
 from ..distributed.plan import PlanningError
 from ..operator import Operator
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
@@ -442,10 +443,16 @@ class DistributedFNO(FNO):
             if len(partition) != 2 + len(self.grid):
                 raise ValueError(f"FNO.distribute: the partition splits the axes of (batch, channel, *grid): "
                                  f"{2 + len(self.grid)} entries for grid {self.grid}, got {partition}")
+            needed, available = math.prod(partition), len(jax.devices())
+            if mesh is None and needed > available:
+                raise ValueError(f"FNO.distribute: partition {partition} needs {needed} devices, but {available} "
+                                 "are available")
             split = partition[0]
         if batch is not None and (not is_positive_int(batch) or batch % split):
             raise ValueError(f"FNO.distribute: batch must be a positive multiple of {split} (the partition's batch "
                              f"entry), got {batch!r}")
+        if not isinstance(partition, PartitionSpec):  # the lifting's input: the grid coordinates are channels too
+            check_split_counts((split, self.in_channels + len(self.grid)) + self.grid, partition, "FNO.distribute")
         self.partition = partition
         self._sample_batch = split
         self.reference_batch = split if batch is None else int(batch)
