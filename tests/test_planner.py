@@ -803,13 +803,12 @@ def test_a_weight_used_by_several_steps_has_its_gradient_summed_once():
     and the plan counts exactly that: the compiled training step holds the plan's
     collectives (a hunt at 400 random operators found the plan counting one per step)."""
     I = po.Identity(8, F64)
-    m, n = po.Matrix(8, 8, F64, name="m"), po.Matrix(1, 8, F64, name="n")
+    m, n, k = po.Matrix(8, 8, F64, name="m"), po.Matrix(1, 8, F64, name="n"), po.Matrix(1, 8, F64, name="k")
     d = po.kron(po.Diagonal(8, F64, name="d"), I)
     cases = [(po.kron(m.H, I) @ po.kron(m, I), (1, 2, 2), 1),
              (po.kron(m, I) @ po.kron(m, I), (4, 1, 2), 1),
              (d @ po.kron(m, I) @ d, (2, 2, 2), 2),
-             ((po.kron(n.H, I) + 2.0 * po.kron(po.Matrix(1, 8, F64, name="k").H, I))
-              @ (po.kron(n, I) + po.kron(po.Matrix(1, 8, F64, name="k"), I)), (1, 2, 1), 2)]
+             ((po.kron(n.H, I) + 2.0 * po.kron(k.H, I)) @ (po.kron(n, I) + po.kron(k, I)), (1, 2, 1), 2)]
     for i, (op, partition, psums) in enumerate(cases):
         D = po.distribute(op, partition)
         plan = D.plan_for((4,))

@@ -117,6 +117,15 @@ def mesh_name(axis: int) -> str:
     return f"d{axis}"
 
 
+def check_devices(partition: tuple[int, ...], where: str) -> int:
+    """The devices `partition` splits over, or a `ValueError` naming `where` if there are
+    fewer."""
+    total, available = math.prod(partition), len(jax.devices())
+    if total > available:
+        raise ValueError(f"{where}: partition {partition} needs {total} devices, but {available} are available")
+    return total
+
+
 def default_mesh(partition: tuple[int, ...], where: str, regroup: tuple[int, ...] | None = None
                  ) -> tuple[Mesh, Layout]:
     """A mesh over the first `prod(partition)` devices, one mesh axis (`d{i}`) per split
@@ -124,12 +133,7 @@ def default_mesh(partition: tuple[int, ...], where: str, regroup: tuple[int, ...
     cannot be made of those mesh axes (`(8, 1, 1)` to `(2, 2, 2)`), each is cut into
     its prime factors (`d0`, `d0_1`, `d0_2`: one tensor axis split over several mesh
     axes), which can be regrouped into any counts of the same product."""
-    devices = jax.devices()
-    total = math.prod(partition)
-    if total > len(devices):
-        raise ValueError(
-            f"{where}: partition {partition} needs {total} devices, but {len(devices)} are available"
-        )
+    total = check_devices(partition, where)
     sizes = [[p] if p > 1 else [] for p in partition]
     if regroup is not None and not _groups(sum(sizes, []), [c for c in regroup if c > 1]):
         sizes = [_primes(p) for p in partition]
@@ -137,7 +141,7 @@ def default_mesh(partition: tuple[int, ...], where: str, regroup: tuple[int, ...
     axes = [(n, p) for ns, ps in zip(names, sizes) for n, p in zip(ns, ps)] or [("d", 1)]
     mesh = jax.make_mesh(
         tuple(p for _, p in axes), tuple(n for n, _ in axes),
-        axis_types=(AxisType.Auto,) * len(axes), devices=devices[:total],
+        axis_types=(AxisType.Auto,) * len(axes), devices=jax.devices()[:total],
     )
     return mesh, tuple(tuple(ns) for ns in names)
 

@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .. import _dtypes
 from ..algebra import kron
 from ..distributed import CostModel, DistributedOperator, distribute, distribute_chain
-from ..distributed.layout import check_partition
+from ..distributed.layout import check_devices, check_partition
 from ..distributed.operator import check_split_counts
 from ..distributed.plan import PlanningError
 from ..operator import Operator
@@ -443,10 +443,8 @@ class DistributedFNO(FNO):
             if len(partition) != 2 + len(self.grid):
                 raise ValueError(f"FNO.distribute: the partition splits the axes of (batch, channel, *grid): "
                                  f"{2 + len(self.grid)} entries for grid {self.grid}, got {partition}")
-            needed, available = math.prod(partition), len(jax.devices())
-            if mesh is None and needed > available:
-                raise ValueError(f"FNO.distribute: partition {partition} needs {needed} devices, but {available} "
-                                 "are available")
+            if mesh is None:
+                check_devices(partition, "FNO.distribute")
             split = partition[0]
         if batch is not None and (not is_positive_int(batch) or batch % split):
             raise ValueError(f"FNO.distribute: batch must be a positive multiple of {split} (the partition's batch "
