@@ -158,9 +158,16 @@ class Compose(Operator):
         return dtype
 
     def _apply(self, θ, x, axis):
-        for op in reversed(self.ops):
-            x = op._apply(θ, x, axis)
+        moves = self._cache("_moves", dict) if self.distributed and x.size > 0 else None  # (empty: no plans)
+        for k in reversed(range(len(self.ops))):
+            if moves is not None and k < len(self.ops) - 1:
+                batch = x.shape[len(self.ops[k].domain_shape):]
+                x = handed(x, self.ops[k + 1]._placement(batch, True), self.ops[k]._placement(batch, False), moves)
+            x = self.ops[k]._apply(θ, x, axis)
         return x
+
+    def _placement(self, batch_shape, output):
+        return (self.ops[0] if output else self.ops[-1])._placement(batch_shape, output)
 
     def children(self):
         return self.ops
@@ -196,7 +203,20 @@ class Sum(Operator):
         return outs.pop() if len(outs) == 1 else None
 
     def _apply(self, θ, x, axis):
-        return functools.reduce(lambda a, b: a + b, (t._apply(θ, x, axis) for t in self.terms))
+        if not self.distributed or x.size == 0:  # (an empty batch: nothing to plan or move)
+            return functools.reduce(lambda a, b: a + b, (t._apply(θ, x, axis) for t in self.terms))
+        # the sum takes `x` where its first term does (`_placement`): each other term gets it
+        # where it takes it, and its output is added where the first term leaves its own
+        first, moves, batch = self.terms[0], self._cache("_moves", dict), x.shape[len(self.domain_shape):]
+        takes, leaves = first._placement(batch, False), first._placement(batch, True)
+        y = first._apply(θ, x, axis)
+        for term in self.terms[1:]:
+            out = term._apply(θ, handed(x, takes, term._placement(batch, False), moves), axis)
+            y = y + handed(out, term._placement(batch, True), leaves, moves)
+        return y
+
+    def _placement(self, batch_shape, output):
+        return self.terms[0]._placement(batch_shape, output)
 
     def children(self):
         return self.terms
@@ -241,6 +261,9 @@ class Scale(Operator):
             return self.op._apply(θ, times(self.c, x), axis)
         return times(self.c, self.op._apply(θ, x, axis))
 
+    def _placement(self, batch_shape, output):
+        return self.op._placement(batch_shape, output)
+
     def children(self):
         return (self.op,)
 
@@ -273,6 +296,9 @@ class Transpose(Operator):
     def _apply(self, θ, x, axis):
         return conj(self.op.H._apply(θ, conj(x), axis))
 
+    def _placement(self, batch_shape, output):
+        return self.op.H._placement(batch_shape, output)
+
     def children(self):
         return (self.op,)
 
@@ -284,6 +310,18 @@ class Transpose(Operator):
 
     def inverse(self):
         return Transpose(self.op.inverse())
+
+
+def handed(x: jax.Array, source, target, moves: dict) -> jax.Array:
+    """`x`, laid out as `source` says (a `parop.distributed.operator.Placement`, or
+    None: not known), where `target` wants it: from one distributed program to another
+    laid out otherwise on the same mesh, moved by a planned repartition
+    (`Placement.onto`, its program kept in `moves`); otherwise `x` itself, which the
+    next program's input moves if it must. (Left to XLA, the `+` of two outputs laid
+    out differently can gather whole arrays onto every device.)"""
+    if source is None or target is None or source == target:
+        return x
+    return source.onto(x, target, moves)
 
 
 def is_complex_scalar(c) -> bool:

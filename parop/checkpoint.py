@@ -98,9 +98,9 @@ def _check_save_args(step, keep) -> int:
 
 def _check_leaves(tree: PyTree, where: str, kinds: tuple[type, ...], described: str) -> None:
     """A `TypeError` naming a leaf of `tree` that is not one of `kinds` (`described`: a
-    Python number or a string, which orbax would save but not restore like an array),
-    and a `ValueError` for a tree with no leaf or a leaf with no element (orbax saves
-    neither)."""
+    Python number or a string, which orbax would save but not restore like an array) or
+    that holds JAX random keys (which have no NumPy form), and a `ValueError` for a tree
+    with no leaf or a leaf with no element (orbax saves neither)."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     if not leaves:
         raise ValueError(f"{where}: the tree {tree!r} holds no array")
@@ -110,6 +110,9 @@ def _check_leaves(tree: PyTree, where: str, kinds: tuple[type, ...], described: 
             raise TypeError(f"{where}: {name or 'the tree'} ({type(x).__name__}) is not an array: "
                             f"only {described} leaves are checkpointed "
                             "(jnp.asarray(x) makes a number an array)")
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            raise TypeError(f"{where}: {name or 'the tree'} is an array of JAX random keys ({x.dtype}): checkpoint "
+                            "its data, jax.random.key_data(k), and rebuild it with jax.random.wrap_key_data")
         if math.prod(x.shape) == 0:
             raise ValueError(f"{where}: {name or 'the tree'} has no element (shape {tuple(x.shape)}): orbax "
                              "does not save empty arrays")

@@ -81,6 +81,13 @@ class Operator:
         children = self.children()
         return bool(children) and all(c.distributed for c in children)
 
+    def _placement(self, batch_shape: tuple[int, ...], output: bool):
+        """Where this operator's program takes its input (`output`: leaves its output) of
+        these trailing batch axes: a `parop.distributed.operator.Placement` for a distributed
+        operator (and what combines them), None for a serial one. The combinators read it
+        to hand data from one program to the next (`parop.algebra.handed`)."""
+        return None
+
     def _tree_fields(self) -> tuple[str, ...]:
         """The fields holding this node's pytree children: its child operators and any
         traced scalar. Everything else is static structure."""

@@ -122,6 +122,29 @@ def parametric_leaves(op: Operator) -> dict[str, Leaf]:
     return found
 
 
+def check_key(key, where: str) -> jax.Array:
+    """`key` if it is one JAX random key: a typed key of shape `()` (`jax.random.key(0)`)
+    or a raw `uint32` key of shape `(2,)` (`jax.random.PRNGKey(0)`); a `TypeError` naming
+    `where` otherwise (an int seed, a batch of keys, anything else).
+
+    ```python
+    >>> check_key(jax.random.key(0), "po.init(A)").shape
+    ()
+    >>> check_key(0, "po.init(A)")
+    Traceback (most recent call last):
+    TypeError: po.init(A): key must be one JAX random key, jax.random.key(0) (or jax.random.PRNGKey(0)), got int 0
+    ```
+    """
+    dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+    typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    if (typed and shape == ()) or (not typed and dtype == np.uint32 and shape == (2,)):
+        return key
+    got = f"a key array of shape {shape}" if typed else (
+        f"an array of shape {shape} and dtype {dtype}" if dtype is not None else f"{type(key).__name__} {key!r}"[:80])
+    raise TypeError(f"{where}: key must be one JAX random key, jax.random.key(0) (or jax.random.PRNGKey(0)), "
+                    f"got {got}")
+
+
 def name_key(key: jax.Array, name: str) -> jax.Array:
     """`key` folded with a 128-bit digest of `name` (SHA-256, four 32-bit words), so that
     a weight's value depends only on the key and its name, not on the rest of the
@@ -149,6 +172,7 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     """
     if not isinstance(op, Operator):
         raise TypeError(f"po.init takes a parop operator, got {type(op).__name__}")
+    check_key(key, f"po.init({op!r})")
     return {name: jax.jit(leaf.init_param)(name_key(key, name)) for name, leaf in op.parameters.items()}
 
 

@@ -200,6 +200,36 @@ def test_weights_that_are_not_arrays_are_a_type_error():
     np.testing.assert_allclose(M({"w": np.eye(4, dtype=np.float32)}) @ jnp.ones(4, jnp.float32), np.ones(4))
 
 
+@pytest.mark.parametrize("key, got", [
+    (0, "int 0"),  # a seed, not a key
+    (jax.random.split(jax.random.key(0), 2), "a key array of shape (2,)"),
+    (np.zeros(3, np.uint32), "an array of shape (3,) and dtype uint32"),
+])
+def test_a_key_that_is_not_one_random_key_is_a_type_error(key, got):
+    A = po.kron(po.Matrix(4, 4, name="w"), po.Identity(8))
+    D = po.distribute(A, (1, 2))
+    model = FNO((8,), width=4, modes=(2,), layers=1)
+    for init, where in [(lambda k: po.init(A, k), f"po.init({A!r})"), (lambda k: po.init(D, k), f"po.init({D!r})"),
+                        (model.init, "FNO.init")]:
+        with pytest.raises(TypeError) as info:
+            init(key)
+        assert str(info.value) == (f"{where}: key must be one JAX random key, jax.random.key(0) "
+                                   f"(or jax.random.PRNGKey(0)), got {got}")
+    raw, typed = po.init(A, jax.random.PRNGKey(3)), po.init(A, jax.random.key(3))  # the two kinds of key agree
+    np.testing.assert_array_equal(raw["w"], typed["w"])
+    keys = jax.random.split(jax.random.key(0), 2)
+    assert jax.vmap(lambda k: po.init(A, k))(keys)["w"].shape == (2, 4, 4)  # one key per call, under vmap
+
+
+def test_a_dry_run_optimizer_that_is_not_a_gradient_transformation_is_a_type_error():
+    from parop.nn import dry_run
+
+    with pytest.raises(TypeError) as info:
+        dry_run(FNO((8,), width=4, modes=(2,), layers=1), 2, optimizer="adam")
+    assert str(info.value) == ("dry_run: optimizer must be an optax GradientTransformation (with init and update), "
+                               "such as optax.adam(1e-3), or None for that, got str 'adam'")
+
+
 def test_more_tensor_axes_than_letters():
     """31 axes: `Matrix` and `PerModeMatrix` contract with integer einsum labels."""
     rng = np.random.default_rng(0)

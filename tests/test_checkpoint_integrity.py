@@ -124,13 +124,15 @@ def test_each_kind_of_file_flipped_or_truncated_restores_exactly_or_says_so(tmp_
 
 def test_a_leaf_that_is_not_an_array_is_named(tmp_path):
     """A Python number or a string in the tree (orbax saved them, and `restore` then
-    failed with an AttributeError), an empty tree and an empty array (orbax's own errors,
-    with its background threads left logging errors): each named, before anything is
-    written."""
+    failed with an AttributeError), an array of random keys, an empty tree and an empty
+    array (orbax's own errors, with its background threads left logging errors): each
+    named, before anything is written."""
     checkpoint.save(tmp_path, {"w": np.arange(4.0)}, step=1)
     for tree, error, message in [
         ({"w": np.arange(4.0), "epoch": 3}, TypeError, r"\['epoch'\] \(int\) is not an array: only jax.Array"),
         ({"name": "adam"}, TypeError, r"\['name'\] \(str\) is not an array"),
+        ({"w": np.arange(4.0), "rng": jax.random.key(0)}, TypeError,  # (JAX's error named no leaf)
+         r"\['rng'\] is an array of JAX random keys \(key<fry>\): checkpoint its data, jax.random.key_data"),
         ({}, ValueError, r"the tree \{\} holds no array"),
         ({"w": jnp.zeros((0, 3))}, ValueError, r"\['w'\] has no element \(shape \(0, 3\)\)"),
     ]:

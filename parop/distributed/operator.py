@@ -6,7 +6,7 @@ import functools
 import itertools
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
 import jax
@@ -17,7 +17,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from .._checks import batch_sizes
 from ..operator import Operator, Params, _as_input_dtype, _as_tensor
 from ..operators import Role
-from ..params import check_params, init, name_key
+from ..params import check_key, check_params, init, name_key
 from .layout import (
     Layout, check_mesh, check_partition, default_mesh, layout_of, layout_on_mesh, sharding, spec_of,
     split_sizes,
@@ -65,6 +65,52 @@ def place(value, sharding: NamedSharding) -> jax.Array:
     process fills its own shards, so this works with several processes too)."""
     host = np.asarray(value)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a distributed program takes its input or leaves its output
+    (`Operator._placement`): the mesh, and the layout of the tensor's `ndim` axes and its
+    trailing batch axes. `cost`, the program's machine model, plans a move from here.
+
+    ```python
+    >>> D = po.distribute(po.kron(po.DFT(8), po.DFT(8)), (2, 4), out_partition=(1, 8))
+    >>> D._placement((), output=False).layout, D._placement((), output=True).layout
+    ((('d0',), ('d1',)), ((), ('d0', 'd1')))
+    ```
+    """
+
+    mesh: Mesh
+    layout: Layout
+    ndim: int
+    cost: CostModel = field(compare=False)
+
+    def onto(self, x: jax.Array, target: "Placement", moves: dict) -> jax.Array:
+        """`x`, laid out here, moved to `target`'s layout by a planned repartition: the
+        identity distributed from here to there (`all_to_all`s, its program kept in
+        `moves`). `x` itself where the meshes differ or no plan makes the move (`target`
+        leaves out a mesh axis this layout splits over, a gather; or no route of whole
+        splits leads there, as from `P(None, ('a', 'b'))` to `P('a', 'b')` on a tensor
+        of 4 x 8): the next program's input, or XLA's `+`, then moves it."""
+        used = {n for axes in self.layout for n in axes}
+        if target.mesh != self.mesh or used - {n for axes in target.layout for n in axes}:
+            return x
+        shape, batch = x.shape[:self.ndim], x.shape[self.ndim:]
+        key = (self, target, shape, x.dtype)
+        if key not in moves:
+            from ..algebra import kron
+            from ..operators import Identity
+
+            identity = kron(*(Identity(n, dtype=x.dtype) for n in shape))
+            try:
+                moves[key] = distribute(identity, spec_of(self.layout), mesh=self.mesh, cost=self.cost,
+                                        out_partition=spec_of(target.layout), batch_shape=batch)
+            except PlanningError:
+                moves[key] = None
+        move = moves[key]
+        if move is None:  # XLA moves it, told where to (left to choose, it may gather the whole array)
+            return jax.lax.with_sharding_constraint(x, sharding(self.mesh, target.layout))
+        return move._call({}, x)
 
 
 @dataclass(frozen=True)
@@ -170,7 +216,8 @@ class DistributedOperator(Operator):
     It takes what a serial operator takes: tensors `domain_shape + batch` (trailing batch
     axes the partition does not name are replicated) or flat `(N,)`/`(N, b)` input;
     `D.H` runs the transpose of `D`'s plans; `D2 @ D1`, `D1 + D2` and `c * D` combine
-    distributed operators (each runs its program, `D1.out_sharding` feeding `D2`);
+    distributed operators (each runs its program, `D1.out_sharding` feeding `D2`, a
+    planned repartition between layouts that differ: `Placement.onto`);
     `po.kron` of a distributed operator is a `TypeError`.
 
     `D.plan` is the plan for the batch shape given to `po.distribute` (`batch_shape=`);
@@ -243,6 +290,11 @@ class DistributedOperator(Operator):
         if x.size == 0:  # as in `apply` (here inside `D2 @ D1`, `c * D`, `D.T`, ...): the empty result
             return (self.op.H if self.adjoint else self.op)._apply(θ, x, axis)
         return self._call({p: θ[n] for p, n in self.weight_names.items()}, x)
+
+    def _placement(self, batch_shape: tuple[int, ...], output: bool) -> Placement:
+        plan = self.plan_for(batch_shape)
+        layout, shape = (plan.out_layout, self.range_shape) if output else (plan.in_layout, self.domain_shape)
+        return Placement(self.mesh, layout, len(shape), self.cost)
 
     def _adjoint(self) -> "DistributedOperator":
         return DistributedOperator(self.op, self.request, self.forward_plan, self.programs, not self.adjoint,
@@ -409,6 +461,7 @@ def _(op: DistributedOperator, key: jax.Array) -> dict[str, jax.Array]:
     if isinstance(op.mesh, AbstractMesh):
         raise ValueError(f"po.init({op.request.where}): planned on an AbstractMesh (a mesh shape), which has no "
                          "devices to hold the weights: distribute it on a jax.sharding.Mesh of devices to initialise it")
+    check_key(key, f"po.init({op!r})")
     shardings = op.param_shardings()
     return {name: _drawn(leaf, shardings[name])(name_key(key, name))
             for name, leaf in op.parameters.items()}

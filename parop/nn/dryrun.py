@@ -80,6 +80,9 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
         raise TypeError(f"dry_run: model must be a parop.nn.FNO (serial or distributed), got {type(model).__name__}")
     batch = positive_int(batch, "batch", "dry_run")
     optimizer = optax.adam(1e-3) if optimizer is None else optimizer
+    if not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):
+        raise TypeError("dry_run: optimizer must be an optax GradientTransformation (with init and update), such as "
+                        f"optax.adam(1e-3), or None for that, got {type(optimizer).__name__} {optimizer!r}"[:300])
     start = time.perf_counter()
     ops = model.operators(batch)  # plans a distributed model's chain for this batch size
     plan_seconds = time.perf_counter() - start

@@ -35,7 +35,7 @@ from ..distributed.plan import PlanningError
 from ..operator import Operator
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
 from .._checks import is_axes, is_positive_int, positive_int
-from ..params import name_key
+from ..params import check_key, name_key
 
 Params = dict[str, jax.Array]
 
@@ -220,6 +220,7 @@ class FNO:
         real and imaginary parts uniform in `[0, 1/width²)`; deterministic in `key`, each
         weight drawn where the model keeps it (one jitted program, compiled once for all
         models of the same parameter shapes and placements)."""
+        check_key(key, "FNO.init")
         places = tuple(sorted(self.param_shardings().items(), key=lambda item: item[0]))
         return _initializer(self._draws(), places)(key)
 
