@@ -405,6 +405,24 @@ def test_distributed_operators_laid_out_differently_hand_over_by_planned_moves()
     assert found["all-gather"] == D.plan.collectives()["all_gather"] + D.H.plan.collectives()["all_gather"], found
 
 
+def test_a_distributed_operator_inverts_from_its_output_layout_back_to_its_input_layout():
+    """`D.inverse()` distributes the inverse of `D`'s operator on `D`'s mesh, from `D`'s
+    output layout to its input layout (so `D.inverse() @ D` moves nothing between the
+    two programs); so do `D.H`, `c * D` and products of them. An operator without an
+    inverse is a `TypeError` naming the leaf."""
+    F = po.kron(po.DFT(8, "complex128"), po.DFT(8, "complex128", norm="ortho"))
+    D = po.distribute(F, (2, 4), out_partition=(1, 8))
+    E = D.inverse()
+    assert E.distributed and E.in_sharding == D.out_sharding and E.out_sharding == D.in_sharding
+    assert D.in_sharding.spec != D.out_sharding.spec
+    x = jnp.asarray(random_array(RNG(14), (8, 8, 3), np.complex128))
+    for A, B in [(E, D), (D, E), (D.H.inverse(), D.H), ((2j * D).inverse(), 2j * D), ((D.H @ D).inverse(), D.H @ D)]:
+        close_to(A @ (B @ x), x)
+    close_to(po.to_dense(E), np.linalg.inv(np.asarray(po.to_dense(F))))
+    with pytest.raises(TypeError, match=r"^Matrix\(4×4 'w'\) has no inverse in parop$"):
+        po.distribute(po.kron(po.DFT(8), po.Matrix(4, 4, name="w")), (2, 1)).inverse()
+
+
 def test_mixing_distributed_and_serial_is_a_type_error_when_built():
     op = po.kron(po.DFT(8), po.Identity(4, "complex64"))
     D = po.distribute(op, (2, 1))

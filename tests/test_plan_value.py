@@ -50,8 +50,11 @@ def test_equal_arguments_give_equal_plans_and_json_gives_them_back():
         assert back == p and back.to_json() == text and str(back) == str(p) and repr(back) == repr(p)
         assert back.cost == p.cost and back.out_layout == p.out_layout
     assert "row-parallel" in str(plan) and "Stencil" in str(plan) and "sum of 2 terms" in str(plan)
-    with pytest.raises(ValueError, match="not the JSON of a parop Plan"):
-        po.Plan.from_json('{"a": 1}')
+    for text in ('{"a": 1}', "not JSON", "[1, 2]"):
+        with pytest.raises(ValueError, match=r"^Plan.from_json: not the JSON of a parop Plan"):
+            po.Plan.from_json(text)
+    with pytest.raises(TypeError, match=r"^Plan.from_json takes the text Plan.to_json wrote, got Plan$"):
+        po.Plan.from_json(plan)
     older = plan.to_json().replace(f'"parop.Plan":{JSON_FORMAT}', '"parop.Plan":1')
     with pytest.raises(ValueError, match="written in format 1; this parop reads format 2 .*plan the operator again"):
         po.Plan.from_json(older)

@@ -300,6 +300,25 @@ class DistributedOperator(Operator):
         return DistributedOperator(self.op, self.request, self.forward_plan, self.programs, not self.adjoint,
                                    self.planned)
 
+    def inverse(self) -> "DistributedOperator":
+        """The inverse of `op` distributed on this mesh, from the layout `D` leaves its
+        output in to the one it takes its input in (its batch shape's plans), where `op`
+        has an inverse (a `TypeError` naming it otherwise).
+
+        ```python
+        >>> D = po.distribute(po.kron(po.DFT(8), po.DFT(8)), (2, 4), out_partition=(1, 8))
+        >>> E = D.inverse()
+        >>> E.in_sharding == D.out_sharding and E.out_sharding == D.in_sharding
+        True
+        ```
+        """
+        if self.adjoint:
+            return self.H.inverse().H  # (A^H)^-1 = (A^-1)^H
+        plan = self.plan
+        return distribute(self.op.inverse(), spec_of(plan.out_layout), mesh=self.mesh, cost=self.cost,
+                          shard_weights=self.request.shard_weights, out_partition=spec_of(plan.in_layout),
+                          batch_shape=self.batch_shape)
+
     def describe(self) -> str:
         from ..display import short
 

@@ -209,7 +209,12 @@ class Plan:
     def from_json(text: str) -> "Plan":
         """The plan `to_json` wrote. Leaves are rebuilt from their class (imported by its
         module and name: read only plans you trust) and their static fields."""
-        data = json.loads(text)
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise TypeError(f"Plan.from_json takes the text Plan.to_json wrote, got {type(text).__name__}")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None
         form = data.pop("parop.Plan", None) if isinstance(data, dict) else None
         if not isinstance(form, int):
             raise ValueError("Plan.from_json: not the JSON of a parop Plan (Plan.to_json's text)")
