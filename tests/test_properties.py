@@ -4,6 +4,8 @@
   partitions on 1, 2, 4 and 8 devices x `out_partition` None, "auto" or random split
   counts: forward, adjoint and gradient equal the serial operator in float64 /
   complex128 to tight tolerance.
+- Two random operators distributed apart on random layouts of one mesh, then added,
+  subtracted or multiplied: the serial combination's output and gradients.
 - Random FNOs (1-D to 4-D, with and without the local convolution and `remat`) x
   random partitions x two batch sizes: output and gradients equal the serial network's
   in float64.
@@ -268,6 +270,76 @@ def test_the_output_is_laid_out_as_its_batch_shapes_plan_leaves_it():
     assert D.out_sharding.spec == P(None, None, "d0") and D.plan_for((4,)).out_layout == ((), (), ())
     assert y.sharding.is_equivalent_to(sharding(D.mesh, D.plan_for((4,)).out_layout), 3)
 
+
+
+# -- operators distributed apart, then combined: the serial combination ----------------------------
+
+@st.composite
+def combination_cases(draw):
+    dtype = draw(st.sampled_from(["float64", "complex128"]))
+    ndim = draw(st.integers(2, 3))
+    shape = tuple(draw(st.lists(st.sampled_from([2, 4, 8]), min_size=ndim, max_size=ndim)))
+    kind = draw(st.sampled_from(["sum", "difference", "product"]))
+    # where each of the mesh axes a, b, c goes on each operator's input (None: left free)
+    places = [draw(st.lists(st.one_of(st.none(), st.integers(0, ndim - 1)), min_size=3, max_size=3)) for _ in "AB"]
+    outs = [draw(st.sampled_from([None, "auto"])) for _ in "AB"]
+    return draw(st.integers(0, 2**32 - 1)), dtype, shape, kind, places, outs, draw(st.booleans())
+
+
+def _spec_on_abc(shape, places) -> P | None:
+    """The PartitionSpec putting mesh axis `"abc"[k]` (size 2) on axis `places[k]` (None:
+    nowhere); None where an axis would be split unevenly."""
+    entries = [[] for _ in shape]
+    for name, axis in zip("abc", places):
+        if axis is not None:
+            entries[axis].append(name)
+    if any(n % 2 ** len(e) for n, e in zip(shape, entries)):
+        return None
+    return P(*(None if not e else e[0] if len(e) == 1 else tuple(e) for e in entries))
+
+
+@PASS_SEED
+@settings(max_examples=max(1, int(8 * SCALE)), **SETTINGS)
+@given(combination_cases())
+def test_operators_distributed_apart_combine_as_their_serial_operators(case):
+    """Two random operators, each distributed on its own random layout of one mesh,
+    combined (`DA + DB`, `DA - 2.5 DB`, `DB @ DA`; and the adjoint of that): output and
+    gradients, jitted and eager, equal the serial combination's in float64, whatever
+    moves the layouts need between the programs (planned repartitions, or XLA's where no
+    plan makes one)."""
+    seed, dtype, shape, kind, places, outs, adjoint = case
+    rng = np.random.default_rng(seed)
+    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
+    A = random_tree(rng, shape, dtype, 2, sizes=(2, 4, 8))
+    if kind == "product":
+        B = random_tree(rng, A.range_shape, dtype, 1, sizes=(2, 4, 8))
+    else:  # a kron of matrices and identities onto A's range
+        B = po.kron(*[po.Identity(n, dtype) if n == m else po.Matrix(m, n, dtype)
+                      for n, m in zip(shape, A.range_shape)])
+    specs = [_spec_on_abc(op.domain_shape, p) for op, p in zip((A, B), places)]
+    assume(None not in specs)
+    try:
+        DA, DB = (po.distribute(op, spec, mesh=mesh, out_partition=out) for op, spec, out in zip((A, B), specs, outs))
+    except ValueError as e:
+        assert "no plan exists" in str(e), e
+        assume(False)
+    if kind == "product":
+        D, op = DB @ DA, B @ A
+    else:
+        D, op = (DA + DB, A + B) if kind == "sum" else (DA - 2.5 * DB, A - 2.5 * B)
+    D, op = (D.H, op.H) if adjoint else (D, op)
+    assume(op.dtype is not None)  # (a real range summed with a complex one has no input dtype)
+    θ = random_params(op, seed % 1000)
+    x = jnp.asarray(random_array(rng, op.domain_shape, op.dtype))
+    with no_hang(120):
+        want = op(θ) @ x
+        close(jax.jit(lambda θ, x: D(θ) @ x)(θ, x), want, scale_of(want))
+        close(D(θ) @ x, want, scale_of(want))
+        if op.parameters:
+            loss = lambda θ, o: jnp.sum(jnp.abs(o(θ) @ x) ** 2)
+            got, grads = jax.jit(jax.grad(loss), static_argnums=1)(θ, D), jax.grad(loss)(θ, op)
+            for name in grads:
+                close(got[name], grads[name], scale_of(grads[name]))
 
 
 # -- the same invariant for whole networks: a distributed FNO is the serial FNO -------------------
