@@ -88,10 +88,11 @@ class Placement:
     def onto(self, x: jax.Array, target: "Placement", moves: dict) -> jax.Array:
         """`x`, laid out here, moved to `target`'s layout by a planned repartition: the
         identity distributed from here to there (`all_to_all`s, its program kept in
-        `moves`). `x` itself where the meshes differ or no plan makes the move (`target`
-        leaves out a mesh axis this layout splits over, a gather; or no route of whole
-        splits leads there, as from `P(None, ('a', 'b'))` to `P('a', 'b')` on a tensor
-        of 4 x 8): the next program's input, or XLA's `+`, then moves it."""
+        `moves`). Where no route of whole splits leads there (as from
+        `P(None, ('a', 'b'))` to `P('a', 'b')` on a tensor of 4 x 8), `x` constrained to
+        `target`'s sharding: XLA moves it. `x` itself where the meshes differ or `target`
+        leaves out a mesh axis this layout splits over (a gather, which no plan makes):
+        the next program's input, or XLA's `+`, moves it."""
         used = {n for axes in self.layout for n in axes}
         if target.mesh != self.mesh or used - {n for axes in target.layout for n in axes}:
             return x
@@ -108,7 +109,7 @@ class Placement:
             except PlanningError:
                 moves[key] = None
         move = moves[key]
-        if move is None:  # XLA moves it, told where to (left to choose, it may gather the whole array)
+        if move is None:  # told where to: left to choose, XLA may gather the whole array
             return jax.lax.with_sharding_constraint(x, sharding(self.mesh, target.layout))
         return move._call({}, x)
 
