@@ -70,6 +70,12 @@ def test_the_command_line_writes_its_part(darcy, tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["darcy", str(tmp_path / "cli.zarr"), "--samples", "4", "--part", "1-2"])
     assert "--part must be INDEX/COUNT, e.g. 0/4, got '1-2'" in capsys.readouterr().err
+    for bad, message in [(["--samples", "0"], "write_darcy: n_samples must be at least 1, got n_samples=0"),
+                         (["--samples", "4", "--part", "2/2"], "write_darcy: part must be (index, count) with "
+                                                               "0 <= index < count, got (2, 2)")]:
+        with pytest.raises(SystemExit) as exit:  # the message alone, no traceback
+            main(["darcy", str(tmp_path / "bad.zarr"), *bad])
+        assert exit.value.code == 2 and capsys.readouterr().err == f"python -m parop.datasets darcy: {message}\n"
 
 
 def test_a_batch_is_read_into_the_sharding_once(darcy):

@@ -44,8 +44,11 @@ def main(argv: list[str] | None = None) -> None:
         import jax
 
         jax.config.update("jax_enable_x64", True)
-    write_darcy(args.path, args.samples, args.resolution, dim=args.dim, seed=args.seed, dtype=args.dtype,
-                part=args.part)
+    try:
+        write_darcy(args.path, args.samples, args.resolution, dim=args.dim, seed=args.seed, dtype=args.dtype,
+                    part=args.part)
+    except (ValueError, TypeError) as error:  # bad sizes, a store holding another set: the message, no traceback
+        parser.exit(2, f"python -m parop.datasets darcy: {error}\n")
     print(f"{args.path}: samples {args.samples * args.part[0] // args.part[1]} to "
           f"{args.samples * (args.part[0] + 1) // args.part[1]} of {args.samples} written", flush=True)
 
