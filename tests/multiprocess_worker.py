@@ -152,6 +152,15 @@ def run_fft() -> dict:
     assert mismatch < 1e-12, mismatch
     checked["dot test"] = mismatch < 1e-12
 
+    # two programs laid out differently on one mesh, combined: the planned moves between them
+    from jax.sharding import PartitionSpec as P
+
+    D2 = po.distribute(F, P(None, None, ("d0", "d1", "d2")), mesh=D.mesh)
+    xg = place(x, D.in_sharding)
+    checked["sum of two layouts"] = check_shards("D + D2", (D + D2) @ xg, 2 * np.fft.fftn(x), D.out_sharding)
+    checked["product of two layouts"] = check_shards("D2 @ D", jax.jit(lambda v: (D2 @ D) @ v)(xg),
+                                                     np.fft.fftn(np.fft.fftn(x)), D2.out_sharding)
+
     xr = global_array((n, n, 2 * n), np.float64, SEED + 1)
     R = po.kron(po.DFT(n, "complex128"), po.DFT(n, "complex128"), po.DFT(2 * n, "float64"))
     # (the last axis shrinks to n + 1 = 17, which a split of 2 does not divide, so the

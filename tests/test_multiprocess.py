@@ -154,6 +154,7 @@ def test_distributed_3d_fft_over_two_processes():
         # each process checked its 4 addressable shards of every output it computed
         assert r["checked"] == {
             "(2, 2, 2)": 12, "(8, 1, 1)": 12, "(1, 2, 4)": 12, "host (2, 2, 2)": 4, "dot test": True,
+            "sum of two layouts": 4, "product of two layouts": 4,
             "rfft (2, 2, 2)": 4, "rfft (8, 1, 1)": 4, "rfft (2, 4, 1)": 4,
         }
 
