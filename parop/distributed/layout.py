@@ -96,6 +96,15 @@ def check_mesh(mesh: Mesh | AbstractMesh | None, where: str) -> None:
         )
 
 
+def left_out(source: Layout, target: Layout) -> set[str]:
+    """The mesh axes `source` splits over and `target` does not: a move from one to the
+    other gathers them (or a step sums them away).
+
+    >>> sorted(left_out((("a",), ("b", "c")), (("c",), ())))
+    ['a', 'b']"""
+    return {n for axes in source for n in axes} - {n for axes in target for n in axes}
+
+
 def split_sizes(layout: Layout, mesh_shape) -> tuple[int, ...]:
     """How many pieces each tensor axis is cut into."""
     return tuple(math.prod(mesh_shape[n] for n in axes) for axes in layout)

@@ -15,11 +15,12 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .._checks import batch_sizes
+from ..algebra import kron
 from ..operator import Operator, Params, _as_input_dtype, _as_tensor
-from ..operators import Role
+from ..operators import Identity, Role
 from ..params import check_key, check_params, init, name_key
 from .layout import (
-    Layout, check_mesh, check_partition, default_mesh, layout_of, layout_on_mesh, sharding, spec_of,
+    Layout, check_mesh, check_partition, default_mesh, layout_of, layout_on_mesh, left_out, sharding, spec_of,
     split_sizes,
 )
 from .lower import lower, stored_spec
@@ -93,15 +94,11 @@ class Placement:
         `target`'s sharding: XLA moves it. `x` itself where the meshes differ or `target`
         leaves out a mesh axis this layout splits over (a gather, which no plan makes):
         the next program's input, or XLA's `+`, moves it."""
-        used = {n for axes in self.layout for n in axes}
-        if target.mesh != self.mesh or used - {n for axes in target.layout for n in axes}:
+        if target.mesh != self.mesh or left_out(self.layout, target.layout):
             return x
         shape, batch = x.shape[:self.ndim], x.shape[self.ndim:]
         key = (self, target, shape, x.dtype)
         if key not in moves:
-            from ..algebra import kron
-            from ..operators import Identity
-
             identity = kron(*(Identity(n, dtype=x.dtype) for n in shape))
             try:
                 moves[key] = distribute(identity, spec_of(self.layout), mesh=self.mesh, cost=self.cost,
@@ -614,7 +611,7 @@ def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh 
     out: object = "auto" if _is_auto(out_partition) else out_partition
     if isinstance(out_partition, PartitionSpec):
         out = ("layout", layout_of(out_partition, len(in_layout), mesh, where))
-        lost = {n for axes in in_layout for n in axes} - {n for axes in out[1] for n in axes}
+        lost = left_out(in_layout, out[1])
         summable = _summable((op,) + then, mesh, shard_weights)
         if math.prod(mesh.shape[n] for n in lost) > summable:
             raise ValueError(
