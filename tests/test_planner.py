@@ -817,6 +817,8 @@ def test_a_weight_used_by_several_steps_has_its_gradient_summed_once():
         c = jnp.asarray(random_array(rng, plan.out_shape, op.range_dtype))
         assert hlo_collectives(training_step_hlo(D, random_params(op, i), x, c)) == plan_collectives(plan), (op, plan)
         assert plan.collectives(backward=True)["psum"] == psums, (op, plan)
+        assert "(a weight several steps use: its gradient reduced once)" in str(plan), plan
+    assert "reduced once" not in str(po.distribute(po.kron(m, I), (2, 2)).plan)  # one use, nothing to say
 
 
 def test_inference_plans_count_the_forward_pass_only():

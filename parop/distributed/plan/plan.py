@@ -130,7 +130,12 @@ class Plan:
         for `jax.grad`, with the weight gradients' collectives: one of each kind per weight
         and set of mesh axes, however many steps use it there, as the program sums their
         gradients first)."""
-        fwd, bwd, summed = [], [], set()
+        return self._traffic()[:2]
+
+    def _traffic(self) -> tuple[list[Collective], list[Collective], int]:
+        """`traffic()`, and how many weight-gradient collectives it summed into one of an
+        earlier step (a weight several steps use)."""
+        fwd, bwd, summed, merged = [], [], set(), 0
         for visit in walk(self.visits):
             action, here = visit.action, visit.before
             if not isinstance(action, StepAction):
@@ -142,10 +147,12 @@ class Plan:
             bwd += action.backward(here)
             for c in action.weight_gradient(here):
                 key = (action.step.leaf.name, c.kind, frozenset(c.axes))
-                if key not in summed:
+                if key in summed:
+                    merged += 1
+                else:
                     summed.add(key)
                     bwd.append(c)
-        return fwd, bwd
+        return fwd, bwd, merged
 
     @property
     def bytes(self) -> float:
@@ -237,11 +244,10 @@ class Plan:
                f"  in   {self.shape} {spec_of(self.in_layout)}"]
         out += _action_lines(self.visits, "  ")
         out.append(f"  out  {self.out_shape} {spec_of(self.out_layout)}")
-        fwd, bwd = self.traffic()
+        fwd, bwd, merged = self._traffic()
         out.append(f"  forward:  {_summary(fwd)}")
-        shared = sum(len(v.action.collectives(v.before)[1]) for v in walk(self.visits)) > len(bwd)
         out.append(f"  backward: {_summary(bwd)}"
-                   + ("  (a weight several steps use: its gradient reduced once)" if shared else ""))
+                   + ("  (a weight several steps use: its gradient reduced once)" if merged else ""))
         return out
 
     def __str__(self) -> str:
