@@ -387,6 +387,8 @@ def test_distributed_operators_laid_out_differently_hand_over_by_planned_moves()
     ]:
         run = jax.jit(lambda θ, x: D(θ) @ x)
         close_to(run(θ, x), op(θ) @ x)
+        close_to(po.to_dense(D, θ), dense(op, θ))  # the independent dense reference, complex128
+        assert po.testing.dot_test(D, θ) < 1e-13, D
         found = collectives(run.lower(θ, x).compile().as_text())
         assert found["counts"]["all-to-all"] == sum(n for n, _ in plans + moves), (D, found["counts"])
         assert found["counts"]["all-gather"] == found["counts"]["collective-permute"] == 0, (D, found["counts"])
