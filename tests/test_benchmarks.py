@@ -200,3 +200,20 @@ def test_the_chain_scan_draws_chains_in_the_planning_targets_scope():
     assert row["states"] > 0 and not row["gave_up"] and row["devices"] == 2
     text = planning_scan.report([row], seed=0)
     assert text.startswith("1 random FNO chains (seed 0)") and "| 1-D 16, width 4" in text
+
+
+def test_the_combination_benchmark_compares_planned_moves_with_xlas():
+    """`benchmarks/combine.py` at a small size: each candidate matches NumPy, parop's
+    combinations move their data with `all_to_all`s only, and its sum sends less than
+    the two programs added by jnp's `+` (XLA's move gathers whole arrays)."""
+    from benchmarks.combine import markdown, measure
+
+    rows = {(r["problem"].split()[0], r["candidate"].split(":")[0]): r for r in measure(16, rounds=1)}
+    assert set(rows) == {(p, c) for p in ("sum", "product") for c in ("parop", "XLA")}
+    for (problem, candidate), row in rows.items():
+        assert row["error"] < 1e-5, row  # complex64 against float64
+        if candidate == "parop":
+            assert row["counts"]["all-gather"] == row["counts"]["collective-permute"] == 0, row
+    assert rows["sum", "XLA"]["counts"]["all-gather"] == 2
+    assert rows["sum", "parop"]["sent_bytes"] < rows["sum", "XLA"]["sent_bytes"]
+    assert "| sum 16x16 | parop: (D1 + D2) @ x |" in markdown(list(rows.values()))
