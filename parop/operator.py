@@ -81,6 +81,12 @@ class Operator:
         children = self.children()
         return bool(children) and all(c.distributed for c in children)
 
+    def _meshes(self) -> frozenset:
+        """The meshes of the distributed operators this one is built from (none for a
+        serial operator). A combination of distributed operators runs on one
+        (`parop.algebra` checks it where it combines them)."""
+        return frozenset().union(*(c._meshes() for c in self.children()))
+
     def _placement(self, batch_shape: tuple[int, ...], output: bool):
         """Where this operator's program takes its input (`output`: leaves its output) of
         these trailing batch axes: a `parop.distributed.operator.Placement` for a distributed

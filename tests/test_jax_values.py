@@ -361,7 +361,7 @@ def test_distributed_operators_laid_out_differently_hand_over_by_planned_moves()
     sent per device, where the plans and their moves send 9,984). Values and gradients
     are the serial operator's; where no plan makes a move (4 x 8 from
     `P(None, ('a', 'b'))` to `P('a', 'b')`), XLA moves it between the two layouts,
-    gathering nothing."""
+    gathering nothing, on Auto and on Explicit mesh axes."""
     from parop.distributed.hlo import collectives
 
     mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -398,13 +398,54 @@ def test_distributed_operators_laid_out_differently_hand_over_by_planned_moves()
         for name in want:
             close_to(grads[name], want[name])
     # no plan moves (4, 8) from P(None, ('a', 'b')) to P('a', 'b'): XLA does, between the two layouts
+    # (pinned by `with_sharding_constraint`, or by `reshard` on Explicit axes, which refuse the former)
     op = po.kron(po.Matrix(4, 4, "complex128", name="m"), po.DFT(8, "complex128"))
-    D = po.distribute(op, P("a", "b"), mesh=mesh, out_partition=P(None, ("a", "b")))
     θ, x = random_params(op, 3), jnp.asarray(random_array(RNG(13), (4, 8), np.complex128))
-    run = jax.jit(lambda θ, x: (D + D.H)(θ) @ x)
-    close_to(run(θ, x), (op + op.H)(θ) @ x)
-    found = collectives(run.lower(θ, x).compile().as_text())["counts"]
-    assert found["all-gather"] == D.plan.collectives()["all_gather"] + D.H.plan.collectives()["all_gather"], found
+    for axis_type in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
+        on = jax.make_mesh((2, 4), ("a", "b"), axis_types=(axis_type,) * 2)
+        D = po.distribute(op, P("a", "b"), mesh=on, out_partition=P(None, ("a", "b")))
+        run = jax.jit(lambda θ, x: (D + D.H)(θ) @ x)
+        close_to(run(θ, x), (op + op.H)(θ) @ x)
+        close_to((D + D.H)(θ) @ x, (op + op.H)(θ) @ x)
+        found = collectives(run.lower(θ, x).compile().as_text())["counts"]
+        assert found["all-gather"] == D.plan.collectives()["all_gather"] + D.H.plan.collectives()["all_gather"], found
+
+
+def test_a_combination_runs_on_one_mesh():
+    """Operators distributed on two meshes (over the same devices, other devices, or a
+    mesh shape) do not combine: a `ValueError` naming both meshes when the combination is
+    built. (JAX compiles one jitted computation for one mesh: the jit and the gradient of
+    `D2 @ D1` below failed inside JAX with an `IndivisibleError`, where the eager product
+    ran.) Distributed on one mesh, a `PartitionSpec` giving one tensor axis both mesh
+    axes, the same product is the serial one, jitted and differentiated."""
+    from jax.sharding import AbstractMesh, AxisType, Mesh
+
+    op = po.kron(po.Matrix(4, 4, "float64", name="a"), po.Matrix(8, 8, "float64", name="b"))
+    D1 = po.distribute(op, (2, 4))
+    devices = np.array(jax.devices())
+    elsewhere = [
+        (po.distribute(op, (1, 8)), r"\{'d1': 8\} over devices 0-7"),
+        (po.distribute(op, P(None, "c"), mesh=Mesh(devices[4:], ("c",))), r"\{'c': 4\} over devices 4-7"),
+        (po.distribute(op, P(None, "d1"), mesh=Mesh(devices[[0, 2, 4, 6]], ("d1",))),
+         r"\{'d1': 4\} over devices 0, 2, 4, 6"),
+        (po.distribute(op, (2, 4), mesh=AbstractMesh((2, 4), ("d0", "d1"), axis_types=(AxisType.Auto,) * 2)),
+         r"\{'d0': 2, 'd1': 4\}( and|\))"),
+    ]
+    for D2, named in elsewhere:
+        for combine, where in [(lambda: D2 @ D1, "@"), (lambda: D1 + D2, r"\+"), (lambda: D1 - 2 * D2.H, r"\+"),
+                               (lambda: (D1 + D1) @ D2, "@")]:
+            with pytest.raises(ValueError, match=rf"^{where} of operators distributed on different meshes "
+                                                 rf"(?=.*{{'d0': 2, 'd1': 4}} over devices 0-7)(?=.*{named}).*mesh=D.mesh"):
+                combine()
+    D2 = po.distribute(op, P(None, ("d0", "d1")), mesh=D1.mesh)
+    θ, x = random_params(op, 4), jnp.asarray(random_array(RNG(14), (4, 8), np.float64))
+    close_to(jax.jit(lambda θ, x: (D2 @ D1)(θ) @ x)(θ, x), (op @ op)(θ) @ x)
+    loss = lambda θ, op: jnp.sum(((op @ op + op)(θ) @ x) ** 2)
+    grads, want = jax.jit(jax.grad(loss), static_argnums=1)(θ, D1), jax.grad(loss)(θ, op)
+    grads_mixed = jax.grad(lambda θ: jnp.sum(((D2 @ D1 + D2)(θ) @ x) ** 2))(θ)
+    for name in want:
+        close_to(grads[name], want[name])
+        close_to(grads_mixed[name], want[name])
 
 
 def test_a_distributed_operator_inverts_from_its_output_layout_back_to_its_input_layout():

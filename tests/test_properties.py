@@ -283,7 +283,8 @@ def combination_cases(draw):
     # where each of the mesh axes a, b, c goes on each operator's input (None: left free)
     places = [draw(st.lists(st.one_of(st.none(), st.integers(0, ndim - 1)), min_size=3, max_size=3)) for _ in "AB"]
     outs = [draw(st.sampled_from([None, "auto"])) for _ in "AB"]
-    return draw(st.integers(0, 2**32 - 1)), dtype, shape, kind, places, outs, draw(st.booleans())
+    axis_type = draw(st.sampled_from([AxisType.Auto, AxisType.Explicit]))
+    return draw(st.integers(0, 2**32 - 1)), dtype, shape, kind, places, outs, axis_type, draw(st.booleans())
 
 
 def _spec_on_abc(shape, places) -> P | None:
@@ -302,14 +303,14 @@ def _spec_on_abc(shape, places) -> P | None:
 @settings(max_examples=max(1, int(8 * SCALE)), **SETTINGS)
 @given(combination_cases())
 def test_operators_distributed_apart_combine_as_their_serial_operators(case):
-    """Two random operators, each distributed on its own random layout of one mesh,
-    combined (`DA + DB`, `DA - 2.5 DB`, `DB @ DA`; and the adjoint of that): output and
-    gradients, jitted and eager, equal the serial combination's in float64, whatever
-    moves the layouts need between the programs (planned repartitions, or XLA's where no
-    plan makes one)."""
-    seed, dtype, shape, kind, places, outs, adjoint = case
+    """Two random operators, each distributed on its own random layout of one mesh (Auto
+    or Explicit axes), combined (`DA + DB`, `DA - 2.5 DB`, `DB @ DA`; and the adjoint of
+    that): output and gradients, jitted and eager, equal the serial combination's in
+    float64, whatever moves the layouts need between the programs (planned
+    repartitions, or XLA's where no plan makes one)."""
+    seed, dtype, shape, kind, places, outs, axis_type, adjoint = case
     rng = np.random.default_rng(seed)
-    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
+    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(axis_type,) * 3)
     A = random_tree(rng, shape, dtype, 2, sizes=(2, 4, 8))
     if kind == "product":
         B = random_tree(rng, A.range_shape, dtype, 1, sizes=(2, 4, 8))

@@ -23,7 +23,7 @@ from .layout import (
     Layout, check_mesh, check_partition, default_mesh, layout_of, layout_on_mesh, left_out, sharding, spec_of,
     split_sizes,
 )
-from .lower import lower, stored_spec
+from .lower import lower, placer, stored_spec
 from .plan import CostModel, Goal, Plan, PlanningError, counts_goal, default_goal, make_plan
 from .plan.program import program
 
@@ -90,11 +90,13 @@ class Placement:
         """`x`, laid out here, moved to `target`'s layout by a planned repartition: the
         identity distributed from here to there (`all_to_all`s, its program kept in
         `moves`). Where no route of whole splits leads there (as from
-        `P(None, ('a', 'b'))` to `P('a', 'b')` on a tensor of 4 x 8), `x` constrained to
-        `target`'s sharding: XLA moves it. `x` itself where the meshes differ or `target`
-        leaves out a mesh axis this layout splits over (a gather, which no plan makes):
-        the next program's input, or XLA's `+`, moves it."""
-        if target.mesh != self.mesh or left_out(self.layout, target.layout):
+        `P(None, ('a', 'b'))` to `P('a', 'b')` on a tensor of 4 x 8), `x` pinned to
+        `target`'s sharding (`with_sharding_constraint`, or `reshard` on Explicit axes):
+        XLA moves it. `x` itself where `target` leaves out a mesh axis
+        this layout splits over (a gather, which no plan makes): the next program's input,
+        or XLA's `+`, moves it. (Both are on one mesh: a combination of operators
+        distributed on two is a `ValueError`.)"""
+        if left_out(self.layout, target.layout):
             return x
         shape, batch = x.shape[:self.ndim], x.shape[self.ndim:]
         key = (self, target, shape, x.dtype)
@@ -107,7 +109,7 @@ class Placement:
                 moves[key] = None
         move = moves[key]
         if move is None:  # told where to: left to choose, XLA may gather the whole array
-            return jax.lax.with_sharding_constraint(x, sharding(self.mesh, target.layout))
+            return placer(self.mesh)(x, sharding(self.mesh, target.layout))
         return move._call({}, x)
 
 
@@ -214,9 +216,9 @@ class DistributedOperator(Operator):
     It takes what a serial operator takes: tensors `domain_shape + batch` (trailing batch
     axes the partition does not name are replicated) or flat `(N,)`/`(N, b)` input;
     `D.H` runs the transpose of `D`'s plans; `D2 @ D1`, `D1 + D2` and `c * D` combine
-    distributed operators (each runs its program, `D1.out_sharding` feeding `D2`, a
-    planned repartition between layouts that differ: `Placement.onto`);
-    `po.kron` of a distributed operator is a `TypeError`.
+    operators distributed on one mesh (each runs its program, `D1.out_sharding` feeding
+    `D2`, a planned repartition between layouts that differ: `Placement.onto`); `po.kron`
+    of a distributed operator is a `TypeError`.
 
     `D.plan` is the plan for the batch shape given to `po.distribute` (`batch_shape=`);
     `D.plan_for(batch_shape)` plans another batch shape (once) with every weight where
@@ -288,6 +290,9 @@ class DistributedOperator(Operator):
         if x.size == 0:  # as in `apply` (here inside `D2 @ D1`, `c * D`, `D.T`, ...): the empty result
             return (self.op.H if self.adjoint else self.op)._apply(θ, x, axis)
         return self._call({p: θ[n] for p, n in self.weight_names.items()}, x)
+
+    def _meshes(self) -> frozenset:
+        return frozenset((self.mesh,))
 
     def _placement(self, batch_shape: tuple[int, ...], output: bool) -> Placement:
         plan = self.plan_for(batch_shape)
