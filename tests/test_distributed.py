@@ -250,6 +250,22 @@ def test_a_split_goes_onto_an_axis_it_does_not_divide_padded_with_zeros(dtype):
     placed = po.init(D, jax.random.key(0))["d"]
     assert placed.sharding.spec == P(None) and D.program(())[1] == [("d", P("d0"))]
     np.testing.assert_array_equal(np.asarray(placed), np.asarray(po.init(op, jax.random.key(0))["d"]))
+    # trained with Adam, its gradient's pieces are gathered once, in the program, as the plan says (left
+    # free, XLA gathered Adam's three updated arrays instead: three all-gathers, on Auto axes)
+    import optax
+
+    adam = optax.adam(1e-3)
+
+    def step(w, state, x):
+        g = jax.grad(lambda w: pairing(c, D({"d": w}) @ x))(w)
+        update, state = adam.update(g, state, w)
+        return optax.apply_updates(w, update), state
+
+    assert D.plan.collectives(backward=True)["all_gather"] == 1
+    with jax.numpy_dtype_promotion("standard"):  # optax's Adam mixes real and complex
+        text = jax.jit(step).lower(placed, adam.init(placed), x).compile().as_text()
+    found = collectives(text)
+    assert found["all-gather"] == 1 and found["all-reduce"] == found["collective-permute"] == 0, found
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])

@@ -272,7 +272,16 @@ def lower(plan: Plan, mesh: Mesh) -> tuple[Callable, list[WeightKey]]:
             in_specs=(in_spec, [s for _, s in specs], [PartitionSpec()] * len(scalars)),
         )
         x = place(x, NamedSharding(mesh, in_spec))
-        ws = [place(_padded_weight(w, s, mesh), NamedSharding(mesh, s)) for w, (_, s) in zip(ws, specs)]
+        ws = [place(_padded_weight(_stored(w, s), s, mesh), NamedSharding(mesh, s)) for w, (_, s) in zip(ws, specs)]
         return program(x, ws, list(scalars))
+
+    def _stored(w, spec):
+        """`w` where it is kept (`stored_spec`): pinned here, so that backward its gradient
+        leaves the program there too. Split unevenly, a weight is kept whole along that
+        axis and its gradient's pieces are gathered once, here; left free, XLA gathered
+        the optimiser's update of it instead, an all-gather per array it updates (Adam:
+        three)."""
+        kept = stored_spec(spec, w.shape, mesh)
+        return w if kept == spec else place(w, NamedSharding(mesh, kept))
 
     return jax.jit(run), specs
