@@ -87,6 +87,16 @@ class Operator:
         (`parop.algebra` checks it where it combines them)."""
         return frozenset().union(*(c._meshes() for c in self.children()))
 
+    def _init_shardings(self) -> dict:
+        """`{name: sharding}`: where `po.init` draws each weight of the distributed
+        operators this one is built from (named as this operator names them), the first
+        that takes a weight deciding; none for a serial operator."""
+        found: dict = {}
+        for child in self.children():
+            for name, sharding in child._init_shardings().items():
+                found.setdefault(name, sharding)
+        return found
+
     def _placement(self, batch_shape: tuple[int, ...], output: bool):
         """Where this operator's program takes its input (`output`: leaves its output) of
         these trailing batch axes: a `parop.distributed.operator.Placement` for a distributed

@@ -23,7 +23,6 @@ a trace.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections import Counter
 from typing import Mapping
@@ -155,7 +154,6 @@ def name_key(key: jax.Array, name: str) -> jax.Array:
     return key
 
 
-@functools.singledispatch
 def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     """The parameters of `op`: `{name: array}`, deterministic in `key`.
 
@@ -163,7 +161,11 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     digest of the name), so its value depends only on `key` and its name. A `Matrix` is normal with variance `1/n`
     (it keeps the variance of its input), a `Diagonal` starts at ones, a
     `PerModeMatrix` is normal with variance `1/c_in`, a `Convolution` with variance
-    `1/(c_in * prod(kernel))`; complex dtypes give complex weights.
+    `1/(c_in * prod(kernel))`; complex dtypes give complex weights. A distributed
+    operator's weights (and those of what combines distributed operators) are each drawn
+    where they live (the first program that takes them keeps them there): a jitted
+    initialiser whose output sharding is the weight's, so each device computes only its
+    own shard.
 
     ```python
     >>> S = po.kron(po.Matrix(50, 50, name="mix"), po.Identity(30), po.Identity(10))
@@ -173,7 +175,9 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     if not isinstance(op, Operator):
         raise TypeError(f"po.init takes a parop operator, got {type(op).__name__}")
     check_key(key, f"po.init({op!r})")
-    return {name: jax.jit(leaf.init_param)(name_key(key, name)) for name, leaf in op.parameters.items()}
+    shardings = op.named._init_shardings() if op.distributed else {}
+    return {name: jax.jit(leaf.init_param, out_shardings=shardings.get(name))(name_key(key, name))
+            for name, leaf in op.parameters.items()}
 
 
 def check_params(op: Operator, θ: Mapping) -> None:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 import parop as po
 from parop.nn import FNO
@@ -183,6 +183,35 @@ def test_po_init_draws_a_sharded_weight_shard_by_shard(compiled_initialisers, mo
     assert whole.output_size_in_bytes == m * n * 4
     assert per_device(sharded) * 8 <= 1.001 * per_device(whole), (per_device(sharded), per_device(whole))
     np.testing.assert_array_equal(np.asarray(θd["big"]), np.asarray(θ["big"]))
+
+
+def test_po_init_of_a_combination_draws_each_weight_where_its_program_keeps_it(compiled_initialisers,
+                                                                            monkeypatch):
+    """`po.init` of operators distributed apart and combined (`DB @ DA + 2 DA`, unnamed
+    leaves that the combination names) draws each weight with the sharding of the
+    program that takes it (the first, where two do): `DA`'s `Diagonal` split over
+    `('a', 'b')`, `DB`'s `Matrix` split by columns over `c` (row-parallel). The values
+    are the serial combination's. (It drew them whole on one device, to be moved at
+    every call.)"""
+    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
+    A = po.kron(po.Diagonal(8), po.Identity(8))
+    B = po.kron(po.Identity(8), po.Matrix(8, 8))
+    DA = po.distribute(A, P(("a", "b"), "c"), mesh=mesh)
+    DB = po.distribute(B, P(("a", "b"), "c"), mesh=mesh, shard_weights=True)
+    E = DB @ DA + 2 * DA
+    key = jax.random.key(3)
+    seen = compiled_initialisers()
+    θ = po.init(E, key)
+    monkeypatch.undo()
+    wanted = {"Matrix_0": P(None, "c"), "Diagonal_0": P(("a", "b"))}
+    assert {name: value.sharding.spec for name, value in θ.items()} == wanted
+    assert sorted(str(out.spec) for out, _ in seen) == sorted(map(str, wanted.values()))
+    serial = po.init(B @ A + 2 * A, key)
+    assert sorted(serial) == sorted(θ)
+    for name in serial:
+        np.testing.assert_array_equal(np.asarray(θ[name]), np.asarray(serial[name]))
+    with pytest.raises(ValueError, match="AbstractMesh"):
+        po.init(po.distribute(A, (2, 4), mesh=AbstractMesh((2, 4), ("d0", "d1"))), key)
 
 
 def test_fno_init_draws_the_spectral_weights_shard_by_shard(compiled_initialisers, monkeypatch):

@@ -18,7 +18,7 @@ from .._checks import batch_sizes
 from ..algebra import kron
 from ..operator import Operator, Params, _as_input_dtype, _as_tensor
 from ..operators import Identity, Role
-from ..params import check_key, check_params, init, name_key
+from ..params import check_params
 from .layout import (
     Layout, check_mesh, check_partition, default_mesh, layout_of, layout_on_mesh, left_out, sharding, spec_of,
     split_sizes,
@@ -294,6 +294,13 @@ class DistributedOperator(Operator):
     def _meshes(self) -> frozenset:
         return frozenset((self.mesh,))
 
+    def _init_shardings(self) -> dict[str, NamedSharding]:
+        if isinstance(self.mesh, AbstractMesh):
+            raise ValueError(f"po.init({self.request.where}): planned on an AbstractMesh (a mesh shape), which has "
+                             "no devices to hold the weights: distribute it on a jax.sharding.Mesh of devices to "
+                             "initialise it")
+        return self.param_shardings()
+
     def _placement(self, batch_shape: tuple[int, ...], output: bool) -> Placement:
         plan = self.plan_for(batch_shape)
         layout, shape = (plan.out_layout, self.range_shape) if output else (plan.in_layout, self.domain_shape)
@@ -473,24 +480,6 @@ def _call(D: DistributedOperator, θ, x, scalars):
     check_params(D, θ)
     run, specs = D.program(tuple(x.shape[D.ndim:]))
     return unflatten(run(x, *(θ[name] for name, _ in specs), scalars=tuple(scalars)))
-
-
-@init.register
-def _(op: DistributedOperator, key: jax.Array) -> dict[str, jax.Array]:
-    """Each weight drawn where it lives: a jitted initialiser with the weight's sharding as
-    its output sharding, so every device computes only its own shard (the same values
-    as `po.init` of the serial operator)."""
-    if isinstance(op.mesh, AbstractMesh):
-        raise ValueError(f"po.init({op.request.where}): planned on an AbstractMesh (a mesh shape), which has no "
-                         "devices to hold the weights: distribute it on a jax.sharding.Mesh of devices to initialise it")
-    check_key(key, f"po.init({op!r})")
-    shardings = op.param_shardings()
-    return {name: _drawn(leaf, shardings[name])(name_key(key, name))
-            for name, leaf in op.parameters.items()}
-
-
-def _drawn(leaf, sharding: NamedSharding):
-    return jax.jit(leaf.init_param, out_shardings=sharding)
 
 
 def distribute(
