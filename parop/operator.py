@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _dtypes
 
@@ -420,12 +421,22 @@ def _as_tensor(op: Operator, x):
         return x, lambda y: y
     if x.ndim in (1, 2) and x.shape[0] == op.domain_size:
         batch = x.shape[1:]
-        return x.reshape(op.domain_shape + batch), lambda y: y.reshape((op.range_size,) + batch)
+        return _reshaped(x, op.domain_shape + batch), lambda y: _reshaped(y, (op.range_size,) + batch)
     raise ValueError(
         f"{op!r}: input of shape {x.shape} is neither a tensor of domain shape "
         f"{op.domain_shape} (+ trailing batch axes) nor flat ({op.domain_size},) or "
         f"({op.domain_size}, b)"
     )
+
+
+def _reshaped(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """`x.reshape(shape)`, replicated where `x` is split over Explicit mesh axes: JAX
+    defines such a reshape only for some splits (a flat array is whole anyway: it enters
+    a distributed program replicated). On Auto axes XLA places the result."""
+    sharding = jax.typeof(x).sharding
+    if any(entry is not None for entry in sharding.spec):
+        return jax.lax.reshape(x, shape, out_sharding=NamedSharding(sharding.mesh, PartitionSpec()))
+    return x.reshape(shape)
 
 
 def _as_input_dtype(op: Operator, x: jax.Array) -> jax.Array:

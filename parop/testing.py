@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _dtypes
 from ._checks import batch_sizes
-from .operator import Operator, Params
+from .operator import Operator, Params, _reshaped
 
 
 def to_dense(A: Operator, θ: Params | None = None) -> jax.Array:
@@ -37,7 +37,7 @@ def _to_dense(A: Operator, θ: Params | None) -> jax.Array:
     n = A.domain_size
 
     def columns(eye):
-        return A.apply(θ, eye.reshape(A.domain_shape + (n,))).reshape(A.range_size, n)
+        return _reshaped(A.apply(θ, eye.reshape(A.domain_shape + (n,))), (A.range_size, n))
 
     eye = jnp.eye(n, dtype=A.dtype)
     if _dtypes.is_complex(A.dtype) and not _dtypes.is_complex(A.range_dtype):
