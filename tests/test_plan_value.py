@@ -199,6 +199,24 @@ def test_the_plan_of_a_distributed_operator_does_not_depend_on_its_calls():
     assert po.distribute(op, (1, 2, 2), batch_shape=(6,)).plan.shape == (4, 8, 6)
 
 
+
+def test_plan_and_distribute_chain_default_to_distributes_batch_shape():
+    """`po.plan` and `po.distribute_chain` take `po.distribute`'s default batch shape
+    (none, or 1024 per device along each batch axis the partition names): equal
+    arguments give equal plans. (Both defaulted to no batch axis, so a partition naming
+    one was a `ValueError`.)"""
+    op = po.kron(po.Matrix(4, 4, F64, name="w"), po.Identity(8, F64))
+    after = po.kron(po.Identity(4, F64), po.Matrix(8, 8, F64, name="v"))
+    for partition in [(1, 2, 4), (2, 2), (1, 2, 2, 2)]:
+        shape = op.domain_shape + tuple(1024 * p for p in partition[2:])
+        D = po.distribute(op, partition)
+        assert D.plan.shape == shape and po.plan(op, partition) == D.plan
+        chain = po.distribute_chain([op, after], partition)
+        assert [C.plan.shape for C in chain] == [shape, shape]
+        again = po.distribute_chain([op, after], partition, batch_shape=shape[2:])
+        assert [C.plan for C in chain] == [C.plan for C in again]
+
+
 def test_no_planning_inside_a_jit_trace(monkeypatch):
     """Planning happens when `D` is made (`batch_shape=`), or before `D`'s own jitted call
     for a new batch shape; never while JAX traces."""

@@ -8,7 +8,6 @@ from typing import Literal, Mapping, Sequence
 
 from jax.sharding import Mesh, PartitionSpec
 
-from .._checks import batch_sizes
 from ..display import short
 from ..operator import Operator
 from ..params import named
@@ -25,7 +24,7 @@ def distribute_chain(
     mesh: Mesh | None = None,
     shard_weights: bool | Literal["auto"] = "auto",
     cost: CostModel | None = None,
-    batch_shape: tuple[int, ...] = (),
+    batch_shape: tuple[int, ...] | None = None,
     weights: Mapping[str, PartitionSpec] | None = None,
 ) -> tuple[DistributedOperator, ...]:
     """The operators of a network, `ops[0]` first, each distributed, planned together:
@@ -35,8 +34,9 @@ def distribute_chain(
     return to its input layout, or stop where it alone is cheapest).
 
     `partition`, `out_partition` (of the last operator's output), `mesh`,
-    `shard_weights` and `cost` are those of `po.distribute`; `batch_shape` gives the
-    trailing batch axes the partition names, if any. `Ds[k].out_sharding` is
+    `shard_weights`, `cost` and `batch_shape` (the trailing batch axes; by default none,
+    or 1024 per device along each that the partition names) are those of
+    `po.distribute`. `Ds[k].out_sharding` is
     `Ds[k + 1].in_sharding`. `weights` (`{name: PartitionSpec}`) fixes where the named
     weights live: a network planned again for another batch size keeps its weights in
     place with `weights=` the placements of the first
@@ -81,7 +81,7 @@ def distribute_chain(
     ops = named(*ops)
     request = request_of(ops[0], partition, out_partition, mesh, shard_weights, cost, where, then=ops[1:])
     pinned = request.weights({name: leaf for op in ops for name, leaf in op.parameters.items()}, weights)
-    batch_shape = batch_sizes(batch_shape, f"{where}: batch_shape")
+    batch_shape = request.batch_shape(ops[0], batch_shape)
     shape = ops[0].domain_shape + batch_shape
     if len(shape) != len(request.in_layout):
         raise ValueError(f"{where}: the partition has {len(request.in_layout)} entries; the input "

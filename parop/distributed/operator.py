@@ -143,9 +143,11 @@ class Request:
         """The number of trailing batch axes the partition names."""
         return len(self.in_layout) - op.ndim
 
-    def default_batch(self, op: Operator) -> tuple[int, ...]:
-        """The batch shape `distribute` plans for when given none: none where the
-        partition names no batch axis, else 1024 per device along each."""
+    def batch_shape(self, op: Operator, given) -> tuple[int, ...]:
+        """The batch shape to plan `op` for: `given` (checked), or, where that is None,
+        none where the partition names no batch axis, else 1024 per device along each."""
+        if given is not None:
+            return batch_sizes(given, f"{self.where}: batch_shape")
         return tuple(p * 1024 for p in split_sizes(self.in_layout, self.mesh.shape)[op.ndim:])
 
     def plan(self, op: Operator, batch_shape: tuple[int, ...], weights: Weights = ()) -> Plan:
@@ -532,8 +534,7 @@ def distribute(
     ```
     """
     request = request_of(op, partition, out_partition, mesh, shard_weights, cost, f"distribute({op!r})")
-    batch_shape = (request.default_batch(op) if batch_shape is None
-                   else batch_sizes(batch_shape, f"{request.where}: batch_shape"))
+    batch_shape = request.batch_shape(op, batch_shape)
     return DistributedOperator(op, request, request.plan(op.named, batch_shape, request.weights(op.parameters, weights)))
 
 
@@ -545,12 +546,12 @@ def plan(
     out_partition: OutPartition = None,
     cost: CostModel | None = None,
     shard_weights: bool | Literal["auto"] = "auto",
-    batch_shape: tuple[int, ...] = (),
+    batch_shape: tuple[int, ...] | None = None,
     weights: Mapping[str, PartitionSpec] | None = None,
 ) -> Plan:
     """The plan `po.distribute` would run for `op` on inputs with trailing `batch_shape`
-    (the arguments are `po.distribute`'s): a value, equal for equal arguments, that
-    `po.distribute` lowers.
+    (the arguments are `po.distribute`'s, with its defaults): a value, equal for equal
+    arguments, that `po.distribute` lowers.
 
     ```python
     >>> p = po.plan(po.kron(po.DFT(8), po.DFT(8)), (2, 1))
@@ -559,8 +560,7 @@ def plan(
     ```
     """
     request = request_of(op, partition, out_partition, mesh, shard_weights, cost, f"plan({op!r})")
-    return request.plan(op.named, batch_sizes(batch_shape, f"{request.where}: batch_shape"),
-                        request.weights(op.parameters, weights))
+    return request.plan(op.named, request.batch_shape(op, batch_shape), request.weights(op.parameters, weights))
 
 
 def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh | None, shard_weights,
