@@ -154,11 +154,15 @@ def test_calibrate_arguments(kwargs, message):
     ("ab", TypeError, r"plan_for takes a tuple of batch sizes \(ints\), got 'ab'"),
     ((2.0,), TypeError, r"plan_for takes a tuple of batch sizes \(ints\), got \(2.0,\)"),
 ])
-def test_plan_for_checks_the_batch_shape(batch, error, message):
+def test_plan_for_and_program_check_the_batch_shape(batch, error, message):
+    """`D.plan_for` and `D.program` (which planned and lowered a program for a negative
+    batch size) refuse what is not a tuple of positive ints, naming the method."""
     D = po.distribute(po.kron(po.DFT(16), po.DFT(16)), (2, 1))
     with pytest.raises(error, match=r"distribute\(DFT\(16\) ⊗ DFT\(16\)\): " + message):
         D.plan_for(batch)
-    assert D.plan_for((np.int64(4),)).shape == (16, 16, 4)
+    with pytest.raises(error, match=r"distribute\(DFT\(16\) ⊗ DFT\(16\)\): " + message.replace("plan_for", "program")):
+        D.program(batch)
+    assert D.plan_for((np.int64(4),)).shape == (16, 16, 4) and D.program([np.int64(4)])[1] == []
 
 
 @pytest.mark.parametrize("batch, error, message", [

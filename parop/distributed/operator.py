@@ -409,7 +409,7 @@ class DistributedOperator(Operator):
         """`(run, weight specs)`: the jitted program `run(x, *weights, scalars=())` for inputs
         with these batch axes (lowered once, kept), `weights` in the order of the
         `(name, PartitionSpec)` list."""
-        kept = self._entry(tuple(batch_shape))
+        kept = self._entry(batch_sizes(batch_shape, f"{self.request.where}: program"))
         if kept[1] is None:
             if isinstance(self.mesh, AbstractMesh):
                 raise ValueError(f"{self.request.where}: planned on an AbstractMesh (a mesh shape): "
