@@ -266,16 +266,7 @@ def lower(plan: Plan, mesh: Mesh) -> tuple[Callable, list[WeightKey]]:
     def body(x, ws, scalars):
         return _run(visits, x, dict(zip(specs, ws)), scalars, mesh)
 
-    def run(x, *ws, scalars=()):
-        program = jax.shard_map(
-            body, mesh=mesh, out_specs=out_spec,
-            in_specs=(in_spec, [s for _, s in specs], [PartitionSpec()] * len(scalars)),
-        )
-        x = place(x, NamedSharding(mesh, in_spec))
-        ws = [place(_padded_weight(_stored(w, s), s, mesh), NamedSharding(mesh, s)) for w, (_, s) in zip(ws, specs)]
-        return program(x, ws, list(scalars))
-
-    def _stored(w, spec):
+    def stored(w, spec):
         """`w` where it is kept (`stored_spec`): pinned here, so that backward its gradient
         leaves the program there too. Split unevenly, a weight is kept whole along that
         axis and its gradient's pieces are gathered once, here; left free, XLA gathered
@@ -283,5 +274,14 @@ def lower(plan: Plan, mesh: Mesh) -> tuple[Callable, list[WeightKey]]:
         three)."""
         kept = stored_spec(spec, w.shape, mesh)
         return w if kept == spec else place(w, NamedSharding(mesh, kept))
+
+    def run(x, *ws, scalars=()):
+        program = jax.shard_map(
+            body, mesh=mesh, out_specs=out_spec,
+            in_specs=(in_spec, [s for _, s in specs], [PartitionSpec()] * len(scalars)),
+        )
+        x = place(x, NamedSharding(mesh, in_spec))
+        ws = [place(_padded_weight(stored(w, s), s, mesh), NamedSharding(mesh, s)) for w, (_, s) in zip(ws, specs)]
+        return program(x, ws, list(scalars))
 
     return jax.jit(run), specs

@@ -92,10 +92,10 @@ class Placement:
         `moves`). Where no route of whole splits leads there (as from
         `P(None, ('a', 'b'))` to `P('a', 'b')` on a tensor of 4 x 8), `x` pinned to
         `target`'s sharding (`with_sharding_constraint`, or `reshard` on Explicit axes):
-        XLA moves it. `x` itself where `target` leaves out a mesh axis
-        this layout splits over (a gather, which no plan makes): the next program's input,
-        or XLA's `+`, moves it. (Both are on one mesh: a combination of operators
-        distributed on two is a `ValueError`.)"""
+        XLA moves it. `x` itself where `target` leaves out a mesh axis this layout splits
+        over (a gather, which no plan makes): the next program's input, or XLA's `+`,
+        moves it. (Both are on one mesh: a combination of operators distributed on two is
+        a `ValueError`.)"""
         if left_out(self.layout, target.layout):
             return x
         shape, batch = x.shape[:self.ndim], x.shape[self.ndim:]
