@@ -283,6 +283,45 @@ def test_user_mesh_and_partition_spec(axis_type):
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
+def test_under_jax_set_mesh_parop_distributes_on_the_context_mesh(axis_type):
+    """Inside `with jax.set_mesh(mesh):`, `po.distribute`, `po.plan`,
+    `po.distribute_chain` and `FNO.distribute` given no `mesh=` distribute on the context
+    mesh (a tuple's counts take its axes, a `PartitionSpec` names them), and the
+    operators run there, jitted and differentiated, as the serial ones. (They made a mesh
+    of their own, on which JAX refused to run a shard_map under the context.) An
+    operator distributed on another mesh, applied under the context, is a `ValueError`
+    naming both meshes."""
+    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(axis_type,) * 3)
+    op = po.kron(po.DFT(8, "complex128"), po.Matrix(8, 8, "complex128", name="w"))
+    θ = random_params(op)
+    x = jnp.asarray(random_array(np.random.default_rng(6), (8, 8), np.complex128))
+    outside = po.distribute(op, (2, 4))
+    loss = lambda A: lambda θ: pairing(x, A(θ) @ x)  # noqa: E731
+    with jax.set_mesh(mesh):
+        D = po.distribute(op, (2, 2))
+        assert D.mesh == mesh and D.in_sharding.spec == P("a", "b")
+        assert po.distribute(op, P("a", ("b", "c"))).in_sharding.spec == P("a", ("b", "c"))
+        assert po.plan(op, (2, 2)) == D.plan
+        first, second = po.distribute_chain([op, op.H], (2, 2))
+        assert first.mesh == second.mesh == mesh
+        np.testing.assert_allclose(np.asarray(jax.jit(lambda θ, x: D(θ) @ x)(θ, x)), np.asarray(op(θ) @ x),
+                                   rtol=1e-12, atol=1e-12)
+        got, want = jax.jit(jax.grad(loss(second @ first)))(θ), jax.grad(loss(op.H @ op))(θ)
+        np.testing.assert_allclose(np.asarray(got["w"]), np.asarray(want["w"]), rtol=1e-11, atol=1e-11)
+        with pytest.raises(ValueError, match=r"distributed on the mesh \{'d0': 2, 'd1': 4\}, applied under "
+                                             r"jax.set_mesh of another, \{'a': 2, 'b': 2, 'c': 2\}"):
+            outside(θ) @ x
+        model = FNO((8, 8), width=2, modes=(2, 2), layers=1, dtype="float64")
+        dist = model.distribute((2, 1, 2, 2))
+        a = jnp.asarray(random_array(np.random.default_rng(7), (2, 1, 8, 8), np.float64))
+        θm = model.init(jax.random.key(0))
+        assert dist.mesh == mesh
+        np.testing.assert_allclose(np.asarray(dist.apply(θm, a)), np.asarray(model.apply(θm, a)), rtol=1e-10,
+                                   atol=1e-12)
+    np.testing.assert_allclose(np.asarray(outside(θ) @ x), np.asarray(op(θ) @ x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
 @pytest.mark.parametrize("spec, out", [(P("a", "b"), None), (P("a", "b"), P(None, ("a", "b"))),
                                        (P(None, ("a", "b")), None)])
 def test_flat_input_and_the_dense_matrix_whatever_the_output_split(axis_type, spec, out):

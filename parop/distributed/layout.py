@@ -96,6 +96,17 @@ def check_mesh(mesh: Mesh | AbstractMesh | None, where: str) -> None:
         )
 
 
+def context_mesh() -> Mesh | None:
+    """The mesh `jax.set_mesh` has set around this call, if any: `po.distribute` given no
+    `mesh=` runs there (a `shard_map` runs only on the context mesh). Under `jax.jit`
+    JAX gives only the context's abstract mesh, and None is returned."""
+    try:
+        mesh = jax.sharding.get_mesh()
+    except ValueError:  # under jax.jit
+        return None
+    return None if mesh.empty else mesh
+
+
 def left_out(source: Layout, target: Layout) -> set[str]:
     """The mesh axes `source` splits over and `target` does not: a move from one to the
     other gathers them (or a step sums them away).

@@ -20,8 +20,8 @@ from ..operator import Operator, Params, _as_input_dtype, _as_tensor
 from ..operators import Identity, Role
 from ..params import check_params
 from .layout import (
-    Layout, check_mesh, check_partition, default_mesh, layout_of, layout_on_mesh, left_out, sharding, spec_of,
-    split_sizes,
+    Layout, check_mesh, check_partition, context_mesh, default_mesh, layout_of, layout_on_mesh, left_out, sharding,
+    spec_of, split_sizes,
 )
 from .lower import lower, placer, stored_spec
 from .plan import CostModel, Goal, Plan, PlanningError, counts_goal, default_goal, make_plan
@@ -448,6 +448,13 @@ class DistributedOperator(Operator):
         program of `x`'s batch shape are made here, before the trace. One jitted function
         per direction (shared by every copy of `D`) closes over the operator's structure;
         the operator's traced scalars are its arguments."""
+        context = jax.sharding.get_abstract_mesh()
+        if isinstance(self.mesh, Mesh) and not context.empty and context != self.mesh.abstract_mesh:
+            raise ValueError(
+                f"{self.request.where}: distributed on the mesh {_mesh_axes(self.mesh)}, applied under "
+                f"jax.set_mesh of another, {_mesh_axes(context)}: JAX runs a shard_map only on the context mesh. "
+                "Distribute it under that jax.set_mesh (po.distribute given no mesh= takes the context's), or "
+                "apply it outside")
         batch = self._batch_of(x)
         if batch is not None:
             self.program(batch)
@@ -473,6 +480,12 @@ class DistributedOperator(Operator):
         if x.shape[:self.ndim] == self.domain_shape:
             return sharding(self.mesh, self.plan_for(x.shape[self.ndim:]).in_layout)
         return NamedSharding(self.mesh, PartitionSpec())
+
+
+def _mesh_axes(mesh: Mesh | AbstractMesh) -> str:
+    """`{'a': 2, 'b': 4}`, and the axes' type where it is not Auto."""
+    kinds = {t.name for t in mesh.axis_types}
+    return str(dict(mesh.shape)) + ("" if kinds == {"Auto"} else f" ({', '.join(sorted(kinds))} axes)")
 
 
 def _call(D: DistributedOperator, θ, x, scalars):
@@ -570,6 +583,7 @@ def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh 
     is wrong)."""
     if not isinstance(op, Operator) or getattr(op, "distributed", False):
         raise TypeError(f"po.distribute takes a serial parop operator, got {op!r}")
+    mesh = context_mesh() if mesh is None else mesh
     check_mesh(mesh, where)
     program(op, op.domain_shape)  # an operator the planner cannot read fails here
     cost = CostModel() if cost is None else cost
@@ -586,7 +600,7 @@ def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh 
         counts = check_partition(out_partition, where, "out_partition")
     if isinstance(partition, PartitionSpec):
         if mesh is None:
-            raise ValueError(f"{where}: a PartitionSpec partition needs mesh=")
+            raise ValueError(f"{where}: a PartitionSpec partition needs mesh= (or a jax.set_mesh around the call)")
         in_layout = layout_of(partition, max(len(partition), op.ndim), mesh, where)
     else:
         partition = check_partition(partition, where)
