@@ -14,7 +14,7 @@ import parop as po
 from parop.distributed.hlo import _instructions
 from parop.distributed.layout import sharding
 from parop.nn import FNO
-from reference import pairing, random_array, random_params, random_tree, serial_results
+from reference import dense, pairing, random_array, random_params, random_tree, serial_results
 
 
 def hlo(D, x, *θ):
@@ -266,6 +266,29 @@ def test_a_split_goes_onto_an_axis_it_does_not_divide_padded_with_zeros(dtype):
         text = jax.jit(step).lower(placed, adam.init(placed), x).compile().as_text()
     found = collectives(text)
     assert found["all-gather"] == 1 and found["all-reduce"] == found["collective-permute"] == 0, found
+
+
+def test_a_length_one_dft_runs_no_fft():
+    """A DFT of length 1 is the identity (real to complex, or complex to its real part,
+    whatever its norm) and runs no FFT: in this operator's distributed adjoint, every
+    local block is 1 x 1 x 1, and XLA:CPU's FFT refused the layout its layout assignment
+    gave such a block (an INTERNAL RET_CHECK error, found by the combination property
+    test). Values against the serial operator and the dense reference."""
+    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
+    F = po.kron(po.DFT(1, "float64", "ortho"), po.Identity(1, "float64"), po.Identity(2, "float64"))
+    R = po.kron(po.Restriction(2, [0], "float64"), po.Restriction(2, [1], "float64"), po.Identity(2, "float64"))
+    M = po.kron(po.Matrix(1, 2, "float64", name="m0"), po.Matrix(1, 2, "float64", name="m1"),
+                po.Identity(2, "float64"))
+    op = -0.23 * (F.H @ ((-0.8 - 0.3j) * (F @ R) + (-1.4 - 0.8j) * (F @ M)))
+    D = po.distribute(op, P("c", None, None), mesh=mesh)
+    θ = random_params(op)
+    c = jnp.asarray(random_array(np.random.default_rng(8), (1, 1, 2), np.float64))
+    x = jnp.asarray(random_array(np.random.default_rng(9), (2, 2, 2), np.float64))
+    for got, want in [(D.H(θ) @ c, op.H(θ) @ c), (D(θ) @ x, op(θ) @ x),
+                      (po.to_dense(D, θ), dense(op, θ))]:
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-14)
+    run, specs = D.H.program(())
+    assert " fft(" not in run.lower(c, *(θ[name] for name, _ in specs)).compile().as_text()
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])

@@ -411,6 +411,29 @@ def test_distributed_operators_laid_out_differently_hand_over_by_planned_moves()
         assert found["all-gather"] == D.plan.collectives()["all_gather"] + D.H.plan.collectives()["all_gather"], found
 
 
+@pytest.mark.parametrize("axis_type", [jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit])
+def test_a_move_that_gathers_between_two_programs(axis_type):
+    """Where the next program takes replicated what the last left split (a gather, which
+    no plan makes), XLA moves it on Auto axes, and parop reshards it on Explicit ones,
+    where JAX refuses the `+` of two layouts (a `ShardingTypeError`, found by the
+    combination property test on Explicit meshes). Values and gradients as the serial
+    operators'."""
+    mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(axis_type,) * 2)
+    op1 = po.kron(po.Identity(8, "float64"), po.Matrix(4, 4, "float64", name="u"))
+    op2 = po.kron(po.Diagonal(8, "float64", name="g"), po.Matrix(4, 4, "float64", name="v"))
+    D1 = po.distribute(op1, P("a", None), mesh=mesh)  # each leaves its output where it takes its input
+    D2 = po.distribute(op2, P("b", None), mesh=mesh)
+    θ = {**random_params(op1, 5), **random_params(op2, 6)}
+    x = jnp.asarray(random_array(RNG(15), (8, 4), np.float64))
+    for D, op in [(D1 + D2, op1 + op2), (D2 - 2 * D1, op2 - 2 * op1), (D2 @ D1, op2 @ op1), (D1 @ D2, op1 @ op2)]:
+        close_to(D(θ) @ x, op(θ) @ x)
+        close_to(jax.jit(lambda θ, x: D(θ) @ x)(θ, x), op(θ) @ x)
+        loss = lambda θ, op: jnp.sum((op(θ) @ x) ** 2)
+        grads, want = jax.jit(jax.grad(loss), static_argnums=1)(θ, D), jax.grad(loss)(θ, op)
+        for name in want:
+            close_to(grads[name], want[name])
+
+
 def test_a_combination_runs_on_one_mesh():
     """Operators distributed on two meshes (over the same devices, other devices, or a
     mesh shape) do not combine: a `ValueError` naming both meshes when the combination is

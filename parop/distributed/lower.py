@@ -248,11 +248,14 @@ def _padded_weight(w: jax.Array, spec: PartitionSpec, mesh: Mesh) -> jax.Array:
     return w
 
 
+def explicit(mesh: Mesh) -> bool:
+    """Whether the mesh's axes are Explicit (parop's meshes are all Auto or all Explicit)."""
+    return all(t == AxisType.Explicit for t in mesh.axis_types)
+
+
 def placer(mesh: Mesh) -> Callable:
     """How to pin an array to a sharding inside `jit` on this mesh."""
-    if all(t == AxisType.Explicit for t in mesh.axis_types):
-        return jax.sharding.reshard
-    return lax.with_sharding_constraint
+    return jax.sharding.reshard if explicit(mesh) else lax.with_sharding_constraint
 
 
 def lower(plan: Plan, mesh: Mesh) -> tuple[Callable, list[WeightKey]]:

@@ -23,7 +23,7 @@ from .layout import (
     Layout, check_mesh, check_partition, context_mesh, default_mesh, layout_of, layout_on_mesh, left_out, sharding,
     spec_of, split_sizes,
 )
-from .lower import lower, placer, stored_spec
+from .lower import explicit, lower, placer, stored_spec
 from .plan import CostModel, Goal, Plan, PlanningError, counts_goal, default_goal, make_plan
 from .plan.program import program
 
@@ -92,12 +92,13 @@ class Placement:
         `moves`). Where no route of whole splits leads there (as from
         `P(None, ('a', 'b'))` to `P('a', 'b')` on a tensor of 4 x 8), `x` pinned to
         `target`'s sharding (`with_sharding_constraint`, or `reshard` on Explicit axes):
-        XLA moves it. `x` itself where `target` leaves out a mesh axis this layout splits
-        over (a gather, which no plan makes): the next program's input, or XLA's `+`,
-        moves it. (Both are on one mesh: a combination of operators distributed on two is
-        a `ValueError`.)"""
+        XLA moves it. Where `target` leaves out a mesh axis this layout splits over (a
+        gather, which no plan makes), `x` itself on Auto axes (the next program's input,
+        or XLA's `+`, moves it), and `x` resharded on Explicit ones (JAX refuses the `+`
+        of two layouts there). (Both are on one mesh: a combination of operators
+        distributed on two is a `ValueError`.)"""
         if left_out(self.layout, target.layout):
-            return x
+            return jax.sharding.reshard(x, sharding(self.mesh, target.layout)) if explicit(self.mesh) else x
         shape, batch = x.shape[:self.ndim], x.shape[self.ndim:]
         key = (self, target, shape, x.dtype)
         if key not in moves:

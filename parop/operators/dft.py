@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, TypeVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -69,11 +70,15 @@ class DFT(Leaf):
         )
 
     def _forward(self, w, x, axis):
+        if self.n == 1:
+            return _length_one(x, self.real)
         if self.real:
             return jnp.fft.rfft(x, axis=axis, norm=self.norm)
         return jnp.fft.fft(x, axis=axis, norm=self.norm)
 
     def _backward(self, w, x, axis):
+        if self.n == 1:
+            return _length_one(x, False, self.real)
         dual = _DUAL[self.norm]
         if self.real:
             c = _hermitian_weights(self.n, x.dtype)
@@ -101,11 +106,15 @@ class InverseDFT(Leaf):
         )
 
     def _forward(self, w, x, axis):
+        if self.n == 1:
+            return _length_one(x, False, self.real)
         if self.real:
             return jnp.fft.irfft(x, n=self.n, axis=axis, norm=self.norm)
         return jnp.fft.ifft(x, axis=axis, norm=self.norm)
 
     def _backward(self, w, x, axis):
+        if self.n == 1:
+            return _length_one(x, self.real)
         dual = _DUAL[self.norm]
         if self.real:
             y = jnp.fft.rfft(x, axis=axis, norm=dual)
@@ -119,11 +128,23 @@ class InverseDFT(Leaf):
         return f"i{'r' if self.real else ''}DFT({self.n}{_norm_label(self.norm)})"
 
 
+def _length_one(x: jax.Array, to_complex: bool, to_real: bool = False) -> jax.Array:
+    """A DFT of length 1 (or its inverse or adjoint), whatever its norm: the identity, from
+    real data to complex (`to_complex`: `rfft`) or from complex to its real part
+    (`to_real`: `irfft`, and the adjoint of `rfft`). No FFT runs: XLA:CPU's FFT refused
+    an array of ones' shape laid out other than row-major (a RET_CHECK in its FFT thunk),
+    as its layout assignment may leave one in a distributed program."""
+    if to_complex:
+        return x.astype(_dtypes.complex_of(x.dtype))
+    return jnp.real(x) if to_real else x
+
+
 def fusable(run: list, leaf, axis: int) -> bool:
     """Whether `leaf` on `axis` can join `run`, a list of `(DFT or InverseDFT, axis)`
     applied in order, in one multi-axis FFT: another axis, the same class and norm,
-    and the real axis where `rfftn` (first) or `irfftn` (last) puts it."""
-    if not isinstance(leaf, (DFT, InverseDFT)):
+    and the real axis where `rfftn` (first) or `irfftn` (last) puts it. A length-1
+    transform runs alone (no FFT: `_length_one`)."""
+    if not isinstance(leaf, (DFT, InverseDFT)) or leaf.n == 1:
         return False
     if not run:
         return True
