@@ -110,14 +110,15 @@ def cases(draw):
     out_picks = draw(st.lists(st.integers(0, 3), min_size=3, max_size=3))
     flat = draw(st.booleans())
     shard = draw(st.sampled_from(["auto", "auto", True, False]))
-    return seed, dtype, shape, depth, batch, devices, picks, (out, out_picks), flat, shard
+    explicit = draw(st.booleans())  # on a mesh of Explicit axes, one per split axis, else parop's own
+    return seed, dtype, shape, depth, batch, devices, picks, (out, out_picks), flat, shard, explicit
 
 
 @PASS_SEED
 @settings(max_examples=int(40 * SCALE), **SETTINGS)
 @given(cases())
 def test_distributed_equals_serial(case):
-    seed, dtype, shape, depth, batch, devices, picks, (out, out_picks), flat, shard = case
+    seed, dtype, shape, depth, batch, devices, picks, (out, out_picks), flat, shard, explicit = case
     rng = np.random.default_rng(seed)
     op = random_tree(rng, shape, dtype, depth, sizes=(1, 2, 3, 4, 8))
     full = op.domain_shape + batch
@@ -126,13 +127,22 @@ def test_distributed_equals_serial(case):
     if out == "counts":  # over as many devices as the input (fewer is an error of its own, tested apart)
         counts = split_over(out_shape, out_picks, devices)
         out = counts if math.prod(counts) == math.prod(partition) else "auto"
+    given, mesh = partition, None
+    if explicit and math.prod(partition) > 1:
+        sizes = tuple(p for p in partition if p > 1)
+        names = iter(f"x{i}" for i in range(len(sizes)))
+        mesh = jax.make_mesh(sizes, tuple(f"x{i}" for i in range(len(sizes))),
+                             axis_types=(AxisType.Explicit,) * len(sizes))
+        given = P(*(next(names) if p > 1 else None for p in partition))
     try:
         with no_hang():
-            D = po.distribute(op, partition, out_partition=out, shard_weights=shard)
+            D = po.distribute(op, given, mesh=mesh, out_partition=out, shard_weights=shard)
             plan = D.plan_for(batch)
     except ValueError as e:
         if shard is True and "no plan exists" in str(e):
             assume(False)  # shard_weights=True: no tensor-parallel form fits a Matrix
+        if mesh is not None and isinstance(out, tuple) and "no arrangement" in str(e):
+            assume(False)  # counts that only parop's own mesh (cut into prime factors) can arrange
         # A plan need not exist when every axis must be whole at some point and no batch
         # axis can hold the whole split; where one can, a plan must exist, except where
         # the output cannot keep the input's layout under out_partition=None (reported;
