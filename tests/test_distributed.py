@@ -310,8 +310,10 @@ def test_under_jax_set_mesh_parop_distributes_on_the_context_mesh(axis_type):
     """Inside `with jax.set_mesh(mesh):`, `po.distribute`, `po.plan`,
     `po.distribute_chain` and `FNO.distribute` given no `mesh=` distribute on the context
     mesh (a tuple's counts take its axes, a `PartitionSpec` names them), and the
-    operators run there, jitted and differentiated, as the serial ones. (They made a mesh
-    of their own, on which JAX refused to run a shard_map under the context.) An
+    operators run there, jitted and differentiated, as the serial ones (the FNO on input
+    placed where it wants it: on Explicit axes its grid coordinates are laid out as the
+    input). (They made a mesh of their own, on which JAX refused to run a shard_map
+    under the context.) An
     operator distributed on another mesh, applied under the context, is a `ValueError`
     naming both meshes."""
     mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(axis_type,) * 3)
@@ -339,8 +341,9 @@ def test_under_jax_set_mesh_parop_distributes_on_the_context_mesh(axis_type):
         a = jnp.asarray(random_array(np.random.default_rng(7), (2, 1, 8, 8), np.float64))
         θm = model.init(jax.random.key(0))
         assert dist.mesh == mesh
-        np.testing.assert_allclose(np.asarray(dist.apply(θm, a)), np.asarray(model.apply(θm, a)), rtol=1e-10,
-                                   atol=1e-12)
+        placed = jax.device_put(a, dist.in_sharding)  # as fit places its batches
+        for got in (dist.apply(θm, a), jax.jit(dist.apply)(θm, placed)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(model.apply(θm, a)), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(np.asarray(outside(θ) @ x), np.asarray(op(θ) @ x), rtol=1e-12, atol=1e-12)
 
 

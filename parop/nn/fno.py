@@ -254,7 +254,15 @@ class FNO:
         ops = self.operators(a.shape[0])
         axes = [jnp.linspace(0, 1, n, dtype=self.dtype) for n in self.grid]
         coords = jnp.stack(jnp.meshgrid(*axes, indexing="ij"))
-        h = jnp.concatenate([a.astype(self.dtype), jnp.broadcast_to(coords, (a.shape[0],) + coords.shape)], axis=1)
+        coords = jnp.broadcast_to(coords, (a.shape[0],) + coords.shape)
+        a = a.astype(self.dtype)
+        placed = jax.typeof(a).sharding
+        if any(entry is not None for entry in placed.spec):
+            # on Explicit mesh axes JAX concatenates only arrays laid out alike: the coordinates
+            # as `a` is (under jax.set_mesh they are typed replicated), the channel axis whole
+            whole = NamedSharding(placed.mesh, PartitionSpec(placed.spec[0], None, *placed.spec[2:]))
+            a, coords = jax.sharding.reshard(a, whole), jax.sharding.reshard(coords, whole)
+        h = jnp.concatenate([a, coords], axis=1)
         h = self._affine(ops[0], "lift", θ, h)
         for k, layer in enumerate(ops[1:-2]):
             h = self._fourier_layer(layer, k, θ, h)
