@@ -998,7 +998,8 @@ def test_the_machine_model_changes_the_plan():
 
 def test_calibrate_measures_a_machine_model():
     """`po.calibrate()` on the 8 CPU devices (small payloads, few repeats): a training
-    `CostModel` with a non-negative, finite start-up, and the measurements behind it."""
+    `CostModel` with a non-negative, finite start-up, and the measurements behind it;
+    also under a `jax.set_mesh` of another mesh."""
     cost = po.calibrate(small=1 << 12, large=1 << 20, repeats=5, training=False)
     assert isinstance(cost, CostModel) and cost.training is False
     assert 0 <= cost.latency_bytes < math.inf
@@ -1008,6 +1009,9 @@ def test_calibrate_measures_a_machine_model():
     assert po.distribute(po.kron(po.DFT(8), po.DFT(8)), (2, 1), cost=cost).plan.cost_model is cost
     with pytest.raises(ValueError, match="at least 2 devices"):
         po.calibrate(jax.devices()[:1])
+    # under jax.set_mesh it measures on its own meshes (JAX refused its shard_map there)
+    with jax.set_mesh(jax.make_mesh((2, 4), ("a", "b"))):
+        assert po.calibrate(small=1 << 12, large=1 << 16, repeats=2).measured["devices"] == 8
 
 
 # == 6. two former planner bugs =======================================================

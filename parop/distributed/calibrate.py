@@ -59,15 +59,17 @@ def calibrate(devices: Sequence[jax.Device] | None = None, *, small: int = 1 << 
             f"{sizes[0]} and {sizes[1]} complex64 elements per device (rounded down to a multiple of the {n} devices, at least {n}); use a "
             f"large of at least {(sizes[0] + n) * 8} bytes")
     timings = {}
-    for columns in sizes:
-        x = jax.device_put(jnp.ones((n, columns), jnp.complex64), NamedSharding(mesh, spec))
-        sent = columns * 8 * (n - 1) / n
-        timings[sent] = median_time(exchange, x, repeats)
+    with jax.set_mesh(mesh):  # its own meshes, whatever mesh a jax.set_mesh around the call set
+        for columns in sizes:
+            x = jax.device_put(jnp.ones((n, columns), jnp.complex64), NamedSharding(mesh, spec))
+            sent = columns * 8 * (n - 1) / n
+            timings[sent] = median_time(exchange, x, repeats)
     (small_sent, t_small), (large_sent, t_large) = sorted(timings.items())
     per_byte = max((t_large - t_small) / (large_sent - small_sent), 1e-15)
     start_up = max(t_small - per_byte * small_sent, 0.0)
-    local = jax.device_put(jnp.ones((large // 8,), jnp.complex64), devices[0])
-    fft_time = median_time(jax.jit(jnp.fft.fft), local, repeats)
+    with jax.set_mesh(Mesh(np.array(devices[:1]), ("calibrate",))):  # one device's FFT
+        local = jax.device_put(jnp.ones((large // 8,), jnp.complex64), devices[0])
+        fft_time = median_time(jax.jit(jnp.fft.fft), local, repeats)
     measured = {
         "devices": n, "platform": devices[0].platform, "latency_s": start_up,
         "bandwidth_bytes_per_s": 1 / per_byte, "fft_bytes_per_s": large / fft_time,
