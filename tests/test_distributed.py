@@ -342,6 +342,7 @@ def test_under_jax_set_mesh_parop_distributes_on_the_context_mesh(axis_type):
         θm = model.init(jax.random.key(0))
         assert dist.mesh == mesh
         placed = jax.device_put(a, dist.in_sharding)  # as fit places its batches
+        assert model.distribute(P("a", None, "b", "c")).partition == P("a", None, "b", "c")
         for got in (dist.apply(θm, a), jax.jit(dist.apply)(θm, placed)):
             np.testing.assert_allclose(np.asarray(got), np.asarray(model.apply(θm, a)), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(np.asarray(outside(θ) @ x), np.asarray(op(θ) @ x), rtol=1e-12, atol=1e-12)

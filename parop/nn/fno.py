@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .. import _dtypes
 from ..algebra import kron
 from ..distributed import CostModel, DistributedOperator, distribute, distribute_chain
-from ..distributed.layout import check_devices, check_partition
+from ..distributed.layout import check_devices, check_partition, context_mesh
 from ..distributed.operator import check_split_counts
 from ..distributed.plan import PlanningError
 from ..operator import Operator
@@ -323,6 +323,8 @@ class FNO:
         (`shard_weights=False`): the spectral weights, split with their modes, are the
         ones that matter, and no row-parallel `psum` can then trade the model's
         parallelism for fewer bytes moved, which also keeps the plan quick to find.
+        `mesh` is `po.distribute`'s (by default, the mesh of a `jax.set_mesh` around the
+        call, if any, else one parop makes).
 
         Or `devices=N, batch=B` (not both a partition and devices): parop chooses the
         partition (`dist.partition` says which), the cheapest planned training step on
@@ -348,6 +350,7 @@ class FNO:
             return choose(self, devices, batch, memory_limit, cost)
         if partition is None:
             raise ValueError("FNO.distribute: give a partition of (batch, channel, *grid), or devices=N and batch=B")
+        mesh = context_mesh() if mesh is None else mesh  # as po.distribute: the jax.set_mesh around the call
         try:
             return self._rebuild(DistributedFNO, partition=partition, mesh=mesh, cost=cost, batch=batch)
         except PlanningError as error:  # the planner's reason stays the first line (`partition._reason`)
