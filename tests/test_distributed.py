@@ -309,7 +309,8 @@ def test_user_mesh_and_partition_spec(axis_type):
 def test_under_jax_set_mesh_parop_distributes_on_the_context_mesh(axis_type):
     """Inside `with jax.set_mesh(mesh):`, `po.distribute`, `po.plan`,
     `po.distribute_chain` and `FNO.distribute` given no `mesh=` distribute on the context
-    mesh (a tuple's counts take its axes, a `PartitionSpec` names them), and the
+    mesh (a tuple's counts take its axes, a `PartitionSpec` names them; the partition
+    search of `FNO.distribute(devices=N)` looks only at partitions its axes give), and the
     operators run there, jitted and differentiated, as the serial ones (the FNO on input
     placed where it wants it: on Explicit axes its grid coordinates are laid out as the
     input). (They made a mesh of their own, on which JAX refused to run a shard_map
@@ -343,6 +344,7 @@ def test_under_jax_set_mesh_parop_distributes_on_the_context_mesh(axis_type):
         assert dist.mesh == mesh
         placed = jax.device_put(a, dist.in_sharding)  # as fit places its batches
         assert model.distribute(P("a", None, "b", "c")).partition == P("a", None, "b", "c")
+        assert model.distribute(devices=8, batch=2).partition == (2, 1, 2, 2)  # the one the context's axes give
         for got in (dist.apply(θm, a), jax.jit(dist.apply)(θm, placed)):
             np.testing.assert_allclose(np.asarray(got), np.asarray(model.apply(θm, a)), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(np.asarray(outside(θ) @ x), np.asarray(op(θ) @ x), rtol=1e-12, atol=1e-12)

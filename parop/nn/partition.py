@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter
 from dataclasses import dataclass
 from itertools import product
 
 import jax
 
 from .._checks import positive_int
+from ..distributed.layout import context_mesh
 
 
 @dataclass(frozen=True)
@@ -46,13 +48,19 @@ def _divisors(n: int) -> list[int]:
 
 def candidates(model, devices: int, batch: int) -> list[tuple[int, ...]]:
     """The partitions of `(batch, channel, *grid)` over `devices` the search considers,
-    fewest split axes first."""
+    fewest split axes first; under `jax.set_mesh`, those whose counts its mesh's axes
+    give (each count above 1 an axis of its own of that size, as `po.distribute` reads a
+    tuple on a given mesh)."""
     sizes = (batch,) + model.grid
     options = [[d for d in _divisors(n) if devices % d == 0] for n in sizes]
     twins = _interchangeable(model)
+    mesh = context_mesh()
+    axes = Counter(mesh.shape.values()) if mesh is not None else None
     found = []
     for counts in product(*options):
         if math.prod(counts) != devices:
+            continue
+        if axes is not None and Counter(c for c in counts if c > 1) - axes:
             continue
         grid = counts[1:]
         if any(grid[i] < grid[j] for i, j in twins):  # one of each set of swaps
