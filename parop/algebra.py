@@ -11,10 +11,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AbstractMesh
 
 from . import _dtypes
-from .operator import Operator, Params, input_dtype
+from .operator import Operator, Params, describe_mesh, input_dtype
 from .operators import dft
 
 
@@ -39,21 +38,10 @@ def _check_operators(where: str, ops) -> None:
         # one that holds programs on two is an IndivisibleError or an incompatible-devices error
         raise ValueError(
             f"{where} of operators distributed on different meshes ({', '.join(repr(op) for op in ops)}: "
-            f"meshes {' and '.join(map(_mesh_name, meshes))}): a combination runs on one mesh; "
+            f"meshes {' and '.join(map(describe_mesh, meshes))}): a combination runs on one mesh; "
             "distribute them on one: mesh=D.mesh, with a PartitionSpec where a tensor axis takes several "
             "mesh axes, as P(None, ('d0', 'd1'))"
         )
-
-
-def _mesh_name(mesh) -> str:
-    """`mesh`'s axes and sizes, as other errors name a mesh, and its devices:
-    `{'d0': 2, 'd1': 4} over devices 0-7`."""
-    axes = str(dict(mesh.shape))
-    if isinstance(mesh, AbstractMesh):  # a mesh shape, no devices
-        return axes
-    ids = [d.id for d in np.ravel(mesh.devices)]
-    consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
-    return f"{axes} over devices " + (f"{ids[0]}-{ids[-1]}" if consecutive else ", ".join(map(str, ids)))
 
 
 def _settle(op: Operator, candidates, failure: Callable[[], str], **fields) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from . import _dtypes
 
@@ -429,12 +429,32 @@ def _as_tensor(op: Operator, x):
     )
 
 
+def explicit_sharding(x: jax.Array) -> NamedSharding | None:
+    """The sharding `x`'s type carries where `x` is split over Explicit mesh axes (JAX
+    types only those, and asks that such arrays be moved explicitly), else None."""
+    sharding = jax.typeof(x).sharding
+    return sharding if any(entry is not None for entry in sharding.spec) else None
+
+
+def describe_mesh(mesh) -> str:
+    """A mesh as parop's errors name it: its axes and sizes, their type where it is not
+    Auto, and the devices of a concrete mesh (an `AbstractMesh` has none):
+    `{'d0': 2, 'd1': 4} over devices 0-7`."""
+    kinds = {t.name for t in mesh.axis_types}
+    out = str(dict(mesh.shape)) + ("" if kinds == {"Auto"} else f" ({', '.join(sorted(kinds))} axes)")
+    if isinstance(mesh, AbstractMesh):
+        return out
+    ids = [d.id for d in np.ravel(mesh.devices)]
+    consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
+    return f"{out} over devices " + (f"{ids[0]}-{ids[-1]}" if consecutive else ", ".join(map(str, ids)))
+
+
 def _reshaped(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """`x.reshape(shape)`, replicated where `x` is split over Explicit mesh axes: JAX
     defines such a reshape only for some splits (a flat array is whole anyway: it enters
     a distributed program replicated). On Auto axes XLA places the result."""
-    sharding = jax.typeof(x).sharding
-    if any(entry is not None for entry in sharding.spec):
+    sharding = explicit_sharding(x)
+    if sharding is not None:
         return jax.lax.reshape(x, shape, out_sharding=NamedSharding(sharding.mesh, PartitionSpec()))
     return x.reshape(shape)
 

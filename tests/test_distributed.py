@@ -334,8 +334,9 @@ def test_under_jax_set_mesh_parop_distributes_on_the_context_mesh(axis_type):
                                    rtol=1e-12, atol=1e-12)
         got, want = jax.jit(jax.grad(loss(second @ first)))(θ), jax.grad(loss(op.H @ op))(θ)
         np.testing.assert_allclose(np.asarray(got["w"]), np.asarray(want["w"]), rtol=1e-11, atol=1e-11)
-        with pytest.raises(ValueError, match=r"distributed on the mesh \{'d0': 2, 'd1': 4\}, applied under "
-                                             r"jax.set_mesh of another, \{'a': 2, 'b': 2, 'c': 2\}"):
+        kind = "" if axis_type == AxisType.Auto else r" \(Explicit axes\)"
+        with pytest.raises(ValueError, match=r"distributed on the mesh \{'d0': 2, 'd1': 4\} over devices 0-7, applied "
+                                             r"under jax.set_mesh of another, \{'a': 2, 'b': 2, 'c': 2\}" + kind + ":"):
             outside(θ) @ x
         model = FNO((8, 8), width=2, modes=(2, 2), layers=1, dtype="float64")
         dist = model.distribute((2, 1, 2, 2))

@@ -191,6 +191,23 @@ def _groups(sizes: list[int], counts: list[int]) -> bool:
 def layout_on_mesh(counts: tuple[int, ...], mesh: Mesh, where: str) -> Layout:
     """The layout that splits axis i in `counts[i]` pieces over a user's mesh: each
     count > 1 takes the first unused mesh axis of that size."""
+    layout, unfit = _counts_on(counts, mesh)
+    if unfit is not None:
+        raise ValueError(
+            f"{where}: partition entry {unfit} = {counts[unfit]} matches no unused axis of the mesh "
+            f"{dict(mesh.shape)}; give a PartitionSpec to combine mesh axes"
+        )
+    return layout
+
+
+def fits_mesh(counts: tuple[int, ...], mesh: Mesh) -> bool:
+    """Whether `layout_on_mesh` reads `counts` on `mesh`."""
+    return _counts_on(counts, mesh)[1] is None
+
+
+def _counts_on(counts: tuple[int, ...], mesh: Mesh) -> tuple[Layout, int | None]:
+    """`layout_on_mesh`'s layout, as far as it goes, and the first entry that no unused
+    mesh axis of its size takes (None if every one is taken)."""
     free = list(mesh.axis_names)
     layout = []
     for i, p in enumerate(counts):
@@ -199,13 +216,10 @@ def layout_on_mesh(counts: tuple[int, ...], mesh: Mesh, where: str) -> Layout:
             continue
         fits = [n for n in free if mesh.shape[n] == p]
         if not fits:
-            raise ValueError(
-                f"{where}: partition entry {i} = {p} matches no unused axis of the mesh "
-                f"{dict(mesh.shape)}; give a PartitionSpec to combine mesh axes"
-            )
+            return tuple(layout), i
         free.remove(fits[0])
         layout.append((fits[0],))
-    return tuple(layout)
+    return tuple(layout), None
 
 
 def sharding(mesh: Mesh, layout: Layout) -> NamedSharding:

@@ -16,7 +16,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .._checks import batch_sizes
 from ..algebra import kron
-from ..operator import Operator, Params, _as_input_dtype, _as_tensor
+from ..operator import Operator, Params, _as_input_dtype, _as_tensor, describe_mesh
 from ..operators import Identity, Role
 from ..params import check_params
 from .layout import (
@@ -452,8 +452,8 @@ class DistributedOperator(Operator):
         context = jax.sharding.get_abstract_mesh()
         if isinstance(self.mesh, Mesh) and not context.empty and context != self.mesh.abstract_mesh:
             raise ValueError(
-                f"{self.request.where}: distributed on the mesh {_mesh_axes(self.mesh)}, applied under "
-                f"jax.set_mesh of another, {_mesh_axes(context)}: JAX runs a shard_map only on the context mesh. "
+                f"{self.request.where}: distributed on the mesh {describe_mesh(self.mesh)}, applied under "
+                f"jax.set_mesh of another, {describe_mesh(context)}: JAX runs a shard_map only on the context mesh. "
                 "Distribute it under that jax.set_mesh (po.distribute given no mesh= takes the context's), or "
                 "apply it outside")
         batch = self._batch_of(x)
@@ -481,12 +481,6 @@ class DistributedOperator(Operator):
         if x.shape[:self.ndim] == self.domain_shape:
             return sharding(self.mesh, self.plan_for(x.shape[self.ndim:]).in_layout)
         return NamedSharding(self.mesh, PartitionSpec())
-
-
-def _mesh_axes(mesh: Mesh | AbstractMesh) -> str:
-    """`{'a': 2, 'b': 4}`, and the axes' type where it is not Auto."""
-    kinds = {t.name for t in mesh.axis_types}
-    return str(dict(mesh.shape)) + ("" if kinds == {"Auto"} else f" ({', '.join(sorted(kinds))} axes)")
 
 
 def _call(D: DistributedOperator, θ, x, scalars):

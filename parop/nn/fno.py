@@ -32,7 +32,7 @@ from ..distributed import CostModel, DistributedOperator, distribute, distribute
 from ..distributed.layout import check_devices, check_partition, context_mesh
 from ..distributed.operator import check_split_counts
 from ..distributed.plan import PlanningError
-from ..operator import Operator
+from ..operator import Operator, explicit_sharding
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
 from .._checks import is_axes, is_positive_int, positive_int
 from ..params import check_key, name_key
@@ -256,8 +256,8 @@ class FNO:
         coords = jnp.stack(jnp.meshgrid(*axes, indexing="ij"))
         coords = jnp.broadcast_to(coords, (a.shape[0],) + coords.shape)
         a = a.astype(self.dtype)
-        placed = jax.typeof(a).sharding
-        if any(entry is not None for entry in placed.spec):
+        placed = explicit_sharding(a)
+        if placed is not None:
             # on Explicit mesh axes JAX concatenates only arrays laid out alike: the coordinates
             # as `a` is (under jax.set_mesh they are typed replicated), the channel axis whole
             whole = NamedSharding(placed.mesh, PartitionSpec(placed.spec[0], None, *placed.spec[2:]))

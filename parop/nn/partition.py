@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections import Counter
 from dataclasses import dataclass
 from itertools import product
 
 import jax
 
 from .._checks import positive_int
-from ..distributed.layout import context_mesh
+from ..distributed.layout import context_mesh, fits_mesh
 
 
 @dataclass(frozen=True)
@@ -55,17 +54,14 @@ def candidates(model, devices: int, batch: int) -> list[tuple[int, ...]]:
     options = [[d for d in _divisors(n) if devices % d == 0] for n in sizes]
     twins = _interchangeable(model)
     mesh = context_mesh()
-    axes = Counter(mesh.shape.values()) if mesh is not None else None
     found = []
     for counts in product(*options):
-        if math.prod(counts) != devices:
+        grid, partition = counts[1:], (counts[0], 1) + counts[1:]
+        if math.prod(counts) != devices or (mesh is not None and not fits_mesh(partition, mesh)):
             continue
-        if axes is not None and Counter(c for c in counts if c > 1) - axes:
-            continue
-        grid = counts[1:]
         if any(grid[i] < grid[j] for i, j in twins):  # one of each set of swaps
             continue
-        found.append((counts[0], 1) + grid)
+        found.append(partition)
     if not found:
         return []
     splits = lambda p: sum(c > 1 for c in p)  # noqa: E731
