@@ -211,10 +211,30 @@ def test_wrong_input_shape_and_unsplittable_batch():
     assert str(info.value) == "FNO.distribute: partition (1, 1, 4, 2, 2) needs 16 devices, but 8 are available"
     with pytest.raises(ValueError) as info:  # the lifting's input: 1 channel and 3 coordinates
         FNO((8, 8, 6), width=4, modes=(4, 4, 4), layers=1).distribute((1, 8, 1, 1, 1))
-    assert str(info.value) == ("FNO.distribute: input axis 1 of size 4 cannot be split in 8: use a size divisible "
-                               "by 8 (8), or split it in one of [1, 2, 4]")
+    assert str(info.value) == ("FNO.distribute: the channel axis enters the network as 1 input channel(s) and 3 "
+                               "grid coordinates, 4 channels, which cannot be split in 8 (the partition's channel "
+                               "entry): split it in one of [1, 2, 4]")
     with pytest.raises(ValueError, match=r"^FNO.distribute: input axis 4 of size 6 cannot be split in 4"):
         FNO((8, 8, 6), width=4, modes=(4, 4, 4), layers=1).distribute((1, 1, 1, 1, 4))
+
+
+def test_input_dtypes():
+    """The input is cast to the model's dtype, as a Flax layer casts it: NumPy's float64
+    data into a float32 model, integers, lists. Complex input is a `TypeError` (the
+    cast would drop its imaginary part), serial and distributed."""
+    model = FNO((8, 8), width=4, modes=(4, 4), layers=1, projection=8)
+    θ = model.init(jax.random.key(0))
+    a = np.random.default_rng(0).standard_normal((2, 1, 8, 8))
+    for m in (model, model.distribute((2, 1, 2, 1))):
+        want = m.apply(θ, a.astype(np.float32))
+        np.testing.assert_array_equal(m.apply(θ, a), want)
+        assert m.apply(θ, a).dtype == jnp.float32
+        np.testing.assert_array_equal(m.apply(θ, np.ones((2, 1, 8, 8), np.int32)),
+                                      m.apply(θ, np.ones((2, 1, 8, 8), np.float32)))
+        np.testing.assert_array_equal(m.apply(θ, a.tolist()), want)
+        for bad in (a.astype(np.complex64), jnp.asarray(a, jnp.complex64)):
+            with pytest.raises(TypeError, match=r"^FNO: input must be real \(the model is float32\), got complex64"):
+                m.apply(θ, bad)
 
 
 @pytest.mark.parametrize("remat", [False, True])

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import _dtypes
@@ -247,6 +248,10 @@ class FNO:
     def apply(self, θ: Params, a: jax.Array) -> jax.Array:
         """The FNO on `a` of shape `(batch, in_channels, *grid)`, any batch size."""
         shape = (self.in_channels,) + self.grid
+        a = a if hasattr(a, "dtype") and hasattr(a, "ndim") else np.asarray(a)
+        if jnp.issubdtype(a.dtype, jnp.complexfloating):
+            raise TypeError(f"FNO: input must be real (the model is {self.dtype.name}), got {a.dtype}: pass the "
+                            "real and imaginary parts as two input channels")
         if a.ndim != len(shape) + 1 or a.shape[1:] != shape:
             raise ValueError(f"FNO: input must have shape (batch, {', '.join(map(str, shape))}), got {a.shape}")
         if a.shape[0] == 0:  # no sample: the empty result, as an operator gives (there is no plan to make)
@@ -462,7 +467,14 @@ class DistributedFNO(FNO):
             raise ValueError(f"FNO.distribute: batch must be a positive multiple of {split} (the partition's batch "
                              f"entry), got {batch!r}")
         if not isinstance(partition, PartitionSpec):  # the lifting's input: the grid coordinates are channels too
-            check_split_counts((split, self.in_channels + len(self.grid)) + self.grid, partition, "FNO.distribute")
+            channels, parts = self.in_channels + len(self.grid), partition[1]
+            if channels % parts:
+                raise ValueError(
+                    f"FNO.distribute: the channel axis enters the network as {self.in_channels} input channel(s) "
+                    f"and {len(self.grid)} grid coordinates, {channels} channels, which cannot be split in {parts} "
+                    f"(the partition's channel entry): split it in one of "
+                    f"{[d for d in range(1, channels + 1) if channels % d == 0]}")
+            check_split_counts((split, channels) + self.grid, partition, "FNO.distribute")
         self.partition = partition
         self._sample_batch = split
         self.reference_batch = split if batch is None else int(batch)
