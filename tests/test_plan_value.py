@@ -4,6 +4,7 @@ not depend on what `D` was called with, planning happens outside `jit` traces, a
 kind of action maps itself under the search's symmetries."""
 
 import dataclasses
+import json
 from typing import Iterator
 
 import jax
@@ -53,6 +54,18 @@ def test_equal_arguments_give_equal_plans_and_json_gives_them_back():
     for text in ('{"a": 1}', "not JSON", "[1, 2]"):
         with pytest.raises(ValueError, match=r"^Plan.from_json: not the JSON of a parop Plan"):
             po.Plan.from_json(text)
+    data = json.loads(plan.to_json())
+    for field, value, why in (("actions", 3, "not iterable"), ("actions", [{"dataclass": "Zzz", "fields": {}}],
+                                                                    "unknown class 'Zzz'"),
+                              ("dtype", {"dtype": "zzz"}, "data type 'zzz' not understood"),
+                              ("extra", 1, "unexpected keyword argument 'extra'"),
+                              ("operator", {"operator": "nomodule:X", "fields": {}},
+                               "nomodule:X is in module 'nomodule', which is not imported"),
+                              # reading a plan calls nothing it names: os.system would run a command
+                              ("cost_model", {"enum": "os:getcwd", "value": None}, "os:getcwd is not a subclass of Enum"),
+                              ("cost_model", {"operator": "os:getcwd", "fields": {}}, "os:getcwd is not a subclass of Operator")):
+        with pytest.raises(ValueError, match=rf"^Plan.from_json: not the JSON of a parop Plan .*{why}"):
+            po.Plan.from_json(json.dumps({**data, field: value}))
     with pytest.raises(TypeError, match=r"^Plan.from_json takes the text Plan.to_json wrote, got Plan$"):
         po.Plan.from_json(plan)
     older = plan.to_json().replace(f'"parop.Plan":{JSON_FORMAT}', '"parop.Plan":1')

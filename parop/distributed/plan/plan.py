@@ -5,8 +5,8 @@ transpose, and its JSON form."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
+import sys
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cached_property
@@ -214,8 +214,10 @@ class Plan:
 
     @staticmethod
     def from_json(text: str) -> "Plan":
-        """The plan `to_json` wrote. Leaves are rebuilt from their class (imported by its
-        module and name: read only plans you trust) and their static fields."""
+        """The plan `to_json` wrote. Leaves are rebuilt from their class, found by its
+        module and name among the modules already imported (reading a plan imports and
+        runs nothing: import a leaf's module before reading a plan that holds it), and
+        their static fields. Text that is not such a plan is a `ValueError`."""
         if not isinstance(text, (str, bytes, bytearray)):
             raise TypeError(f"Plan.from_json takes the text Plan.to_json wrote, got {type(text).__name__}")
         try:
@@ -228,7 +230,12 @@ class Plan:
         if form != JSON_FORMAT:
             raise ValueError(f"Plan.from_json: the plan was written in format {form}; this parop reads format "
                              f"{JSON_FORMAT} (its actions changed since): plan the operator again")
-        return Plan(**{name: decode(value) for name, value in data.items()})
+        try:
+            plan = Plan(**{name: decode(value) for name, value in data.items()})
+            plan.traffic()  # replays the actions: text whose actions do not run from its input is no plan
+            return plan
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
+            raise ValueError(f"Plan.from_json: not the JSON of a parop Plan (Plan.to_json's text): {error}") from error
 
     def __eq__(self, other) -> bool:
         return self is other or (isinstance(other, Plan) and self._json == other._json)
@@ -307,11 +314,16 @@ def _path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _imported(path: str) -> type:
+def _imported(path: str, kind: type) -> type:
+    """The subclass of `kind` at `path` (`module:qualname`), in a module already imported."""
     module, _, name = path.partition(":")
-    found = importlib.import_module(module)
+    found = sys.modules.get(module)
+    if found is None:
+        raise ValueError(f"{path} is in module {module!r}, which is not imported: import it before reading the plan")
     for part in name.split("."):
-        found = getattr(found, part)
+        found = getattr(found, part, None)
+    if not (isinstance(found, type) and issubclass(found, kind)):
+        raise ValueError(f"{path} is not a subclass of {kind.__name__}")
     return found
 
 
@@ -359,20 +371,20 @@ def decode(data):
     if "dtype" in data and len(data) == 1:
         return np.dtype(jnp.dtype(data["dtype"]))
     if "enum" in data:
-        return _imported(data["enum"])(data["value"])
+        return _imported(data["enum"], Enum)(data["value"])
     if "ndarray" in data:
         return np.array(decode(data["ndarray"]), dtype=jnp.dtype(data["dtype"])).reshape(data["shape"])
     if "slice" in data:
         return slice(*data["slice"])
     if "operator" in data:
-        cls = _imported(data["operator"])
-        if not (isinstance(cls, type) and issubclass(cls, Operator)):
-            raise ValueError(f"Plan.from_json: {data['operator']} is not a parop operator class")
+        cls = _imported(data["operator"], Operator)
         op = object.__new__(cls)
         for name, value in data["fields"].items():
             object.__setattr__(op, name, decode(value))
         return op
     if "dataclass" in data:
-        cls = _DATACLASSES[data["dataclass"]]
+        cls = _DATACLASSES.get(data["dataclass"])
+        if cls is None:
+            raise ValueError(f"unknown class {data['dataclass']!r}")
         return cls(**{name: decode(value) for name, value in data["fields"].items()})
-    raise ValueError(f"Plan.from_json: unknown entry {data!r}")
+    raise ValueError(f"unknown entry {data!r}")
