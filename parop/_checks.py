@@ -17,6 +17,14 @@ def is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def divisors(n: int) -> list[int]:
+    """The counts that split `n` evenly, in order (what a split-size error offers).
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]"""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def is_positive_int(value) -> bool:
     """Whether `value` is an integer >= 1 (`is_int`)."""
     return is_int(value) and value >= 1

@@ -273,6 +273,14 @@ def _mesh(*types: AxisType):
     (lambda: po.distribute(po.DFT(8), P(), mesh=_mesh(AxisType.Manual)), ValueError,
      r"^distribute\(DFT\(8\)\): mesh axes \['x'\] are Manual \(as inside a shard_map\); parop's program is "
      r"itself a shard_map over the mesh: give a mesh whose axes are all Auto or all Explicit$"),
+    # an output axis that the output partition splits unevenly: it named the operator's whole axes, not the size
+    (lambda: po.distribute(po.kron(po.Matrix(8, 8), po.DFT(8, dtype=jnp.float32)), (2, 1), out_partition=(1, 2)),
+     ValueError, r"^distribute\(Matrix\(8×8\) ⊗ rDFT\(8\)\): out_partition: output axis 1 of size 5 cannot be split "
+     r"in 2: split it in one of \[1, 5\]$"),
+    (lambda: po.distribute(po.kron(po.DFT(8, dtype=jnp.float32), po.Identity(8)), P(None, "x", "y"),
+                           mesh=_mesh(AxisType.Auto, AxisType.Auto), out_partition=P(("x", "y"))), ValueError,
+     r"^distribute\(rDFT\(8\) ⊗ I\(8\)\): out_partition: output axis 0 of size 5 cannot be split in 4: split it "
+     r"in one of \[1, 5\]$"),
 ])
 def test_bad_distribute_arguments(call, error, match):
     with pytest.raises(error, match=match):

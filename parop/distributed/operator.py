@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from .._checks import batch_sizes
+from .._checks import batch_sizes, divisors
 from ..algebra import kron
 from ..operator import Operator, Params, _as_input_dtype, _as_tensor, describe_mesh
 from ..operators import Identity, Role
@@ -31,10 +31,6 @@ OutPartition = None | Literal["auto"] | tuple | PartitionSpec
 PROGRAMS_KEPT = 64  # programs (and plans) each distributed operator keeps, one per input shape
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _nearest_multiples(n: int, p: int) -> str:
     lower = n - n % p
     return f"{lower} or {lower + p}" if lower else f"{p}"
@@ -46,8 +42,9 @@ def check_splits(shape, layout: Layout, mesh: Mesh, where: str) -> None:
     check_split_counts(shape, split_sizes(layout, mesh.shape), where)
 
 
-def check_split_counts(shape, counts, where: str) -> None:
-    """`check_splits` for the number of pieces each axis of `shape` is split in.
+def check_split_counts(shape, counts, where: str, role: str = "input") -> None:
+    """`check_splits` for the number of pieces each axis of `shape` (the `role` tensor,
+    "input" or "output") is split in.
 
     >>> check_split_counts((8, 6), (2, 4), "here")
     Traceback (most recent call last):
@@ -55,10 +52,9 @@ def check_split_counts(shape, counts, where: str) -> None:
     """
     for axis, (n, p) in enumerate(zip(shape, counts)):
         if n % p:
-            raise ValueError(
-                f"{where}: input axis {axis} of size {n} cannot be split in {p}: use a size "
-                f"divisible by {p} ({_nearest_multiples(n, p)}), or split it in one of {_divisors(n)}"
-            )
+            sizes = f"use a size divisible by {p} ({_nearest_multiples(n, p)}), or " if role == "input" else ""
+            raise ValueError(f"{where}: {role} axis {axis} of size {n} cannot be split in {p}: {sizes}split it in one "
+                             f"of {divisors(n)}")
 
 
 def place(value, sharding: NamedSharding) -> jax.Array:
@@ -624,6 +620,9 @@ def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh 
                 + (_summing_limit(summable) if summable > 1 else ""))
     elif counts is not None:
         out = ("counts", _check_counts(counts, in_layout, mesh, (op,) + then, shard_weights, where))
+    if isinstance(out, tuple):  # an output split unevenly: JAX lays out only even splits
+        wanted = counts if out[0] == "counts" else split_sizes(out[1], mesh.shape)
+        check_split_counts((then or (op,))[-1].range_shape, wanted, f"{where}: out_partition", "output")
     return Request(mesh, in_layout, out, cost, shard_weights, where)
 
 

@@ -35,7 +35,7 @@ from ..distributed.operator import check_split_counts
 from ..distributed.plan import PlanningError
 from ..operator import Operator, explicit_sharding
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
-from .._checks import is_axes, is_positive_int, positive_int
+from .._checks import divisors, is_axes, is_positive_int, positive_int
 from ..params import check_key, name_key
 
 Params = dict[str, jax.Array]
@@ -472,8 +472,7 @@ class DistributedFNO(FNO):
                 raise ValueError(
                     f"FNO.distribute: the channel axis enters the network as {self.in_channels} input channel(s) "
                     f"and {len(self.grid)} grid coordinates, {channels} channels, which cannot be split in {parts} "
-                    f"(the partition's channel entry): split it in one of "
-                    f"{[d for d in range(1, channels + 1) if channels % d == 0]}")
+                    f"(the partition's channel entry): split it in one of {divisors(channels)}")
             check_split_counts((split, channels) + self.grid, partition, "FNO.distribute")
         self.partition = partition
         self._sample_batch = split

@@ -26,7 +26,7 @@ from itertools import product
 
 import jax
 
-from .._checks import positive_int
+from .._checks import divisors, positive_int
 from ..distributed.layout import context_mesh, fits_mesh
 
 
@@ -41,17 +41,13 @@ class Candidate:
     error: str | None = None
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def candidates(model, devices: int, batch: int) -> list[tuple[int, ...]]:
     """The partitions of `(batch, channel, *grid)` over `devices` the search considers,
     fewest split axes first; under `jax.set_mesh`, those whose counts its mesh's axes
     give (each count above 1 an axis of its own of that size, as `po.distribute` reads a
     tuple on a given mesh)."""
     sizes = (batch,) + model.grid
-    options = [[d for d in _divisors(n) if devices % d == 0] for n in sizes]
+    options = [[d for d in divisors(n) if devices % d == 0] for n in sizes]
     twins = _interchangeable(model)
     mesh = context_mesh()
     found = []
