@@ -407,6 +407,13 @@ def test_no_plan_is_a_clear_error():
     # a DFT on the only axis, split 8 ways, and nowhere to move the split
     with pytest.raises(ValueError, match=r"no plan exists for input shape \(8,\).*axis 0 must be whole"):
         po.distribute(po.DFT(8), (8,))
+    # a halo wider than a block: the reason, and no word of the channel axis, which is not split
+    with pytest.raises(ValueError) as info:
+        po.distribute(po.Convolution(2, 1, (7,), (8,), name="c"), (1, 4))
+    assert str(info.value) == ("distribute(Conv(2×1×7 'c', periodic)): no plan exists for input shape (1, 8) split as "
+                               "P(None, 'd1') on mesh {'d1': 4}: axis 1 of size 8 split in 4 gives blocks of 2, fewer "
+                               "than the halo 3 of Conv(2×1×7 'c', periodic) (and the wanted output layout must be "
+                               "reachable without gathering)")
 
 
 def test_bad_apply_input():

@@ -155,16 +155,17 @@ def _no_plan(error: PlanningError, prog: Program, in_layout: Layout, mesh_shape:
         return PlanningError(f"{where}: {error}: {advice}", gave_up=True)
     split = [(a, n, math.prod(mesh_shape[m] for m in axes))
              for a, (n, axes) in enumerate(zip(prog.shape, in_layout)) if axes]
-    needs = sorted({f"axis {a}" for s in prog.all_steps() for a, r in zip(s.axes, s.roles) if r is Role.LOCAL})
+    needs = sorted({f"axis {a}" for s in prog.all_steps() for a, r in zip(s.axes, s.roles)
+                    if r is Role.LOCAL and in_layout[a]})  # a split axis an operator needs whole
     halos = sorted({f"axis {a} of size {n} split in {p} gives blocks of {n // p}, fewer than the halo "
                     f"{width} of {s.leaf.leaf!r}"
                     for s in prog.all_steps() for a, r in zip(s.axes, s.roles) if r is Role.HALO
                     for width in [s.leaf.halo_width(a - s.axes[0])] for b, n, p in split if b == a and n // p < width})
+    reasons = [f"{', '.join(needs)} must be whole for an operator, so its split must move to another axis that "
+               "can hold it"] if needs else []
+    reasons += halos
     return PlanningError(
         f"{where}: no plan exists for input shape {prog.shape} split as {spec_of(in_layout)} on mesh "
-        f"{dict(mesh_shape)}"
-        + (f": {', '.join(needs)} must be whole for an operator, so its split must move to another "
-           "axis that can hold it" if needs else "")
-        + (f"; {'; '.join(halos)}" if halos else "")
+        f"{dict(mesh_shape)}" + "".join(f"{': ' if k == 0 else '; '}{r}" for k, r in enumerate(reasons))
         + " (and the wanted output layout must be reachable without gathering)")
 
