@@ -172,6 +172,12 @@ class Operator:
     def __hash__(self) -> int:
         return self._cache("_hash", lambda: hash(self._key()))
 
+    def __copy__(self) -> "Operator":
+        return self  # immutable: a copy is the operator itself (a distributed one keeps its plans and programs)
+
+    def __deepcopy__(self, memo) -> "Operator":
+        return self
+
     @property
     def shape(self) -> tuple[int, int]:
         """`(prod(range_shape), prod(domain_shape))`, the shape of the dense matrix."""

@@ -21,6 +21,7 @@ never parop's own apply code.
 
 from __future__ import annotations
 
+import copy
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +66,17 @@ def test_jit_takes_an_operator_and_an_equal_rebuild_does_not_retrace():
     close_to(apply(po.kron(po.DFT(16, norm="ortho"), po.DFT(16)), x), want / 4, 1e-5)
     assert len(traces) == 3  # a different operator is different static structure
     assert jax.tree.leaves(F) == []  # no arrays: the structure is all static
+
+
+def test_a_copy_of_an_operator_is_the_operator():
+    """Operators are immutable: `copy.copy` and `copy.deepcopy` give the operator itself, so a
+    copied distributed operator (equal only to itself: it holds its plans and programs) is
+    still equal to it and shares its programs; inside a copied container too."""
+    D = po.distribute(po.kron(po.Matrix(8, 8, name="m"), po.DFT(8, dtype=jnp.float32)), (2, 1))
+    for op in (D, D.H, po.kron(po.Diagonal(4), po.Identity(2))):
+        assert copy.copy(op) is op and copy.deepcopy(op) is op
+    held = copy.deepcopy({"model": D, "scale": np.ones(2)})
+    assert held["model"] == D and held["model"].programs is D.programs
 
 
 def _built_twice():
