@@ -109,6 +109,24 @@ def test_the_loss_refuses_shapes_that_would_broadcast():
         UnitGaussianNormalizer.fit(jnp.ones((0, 3)))
 
 
+def test_the_loss_is_the_relative_l2_error_of_each_sample():
+    """Against NumPy's norms, real and complex (whose squares are |z|², not z²: the loss
+    was complex and wrong, with no error), with its gradient for complex data."""
+    rng = np.random.default_rng(3)
+    for dtype in (np.float64, np.complex128):
+        pred, target = (rng.standard_normal((4, 2, 5)) + (1j * rng.standard_normal((4, 2, 5)) if dtype == np.complex128
+                                                          else 0) for _ in range(2))
+        want = np.mean([np.linalg.norm(p - t) / np.linalg.norm(t) for p, t in zip(pred, target)])
+        got = relative_l2(jnp.asarray(pred), jnp.asarray(target))
+        assert got.dtype == jnp.float64
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    g = jax.grad(lambda p: relative_l2(p, jnp.asarray(target)))(jnp.asarray(pred))
+    step = 1e-6 * rng.standard_normal(pred.shape)
+    change = (relative_l2(jnp.asarray(pred + step), jnp.asarray(target))
+              - relative_l2(jnp.asarray(pred - step), jnp.asarray(target)))
+    np.testing.assert_allclose(change, 2 * np.sum((np.conj(g) * step).real), rtol=1e-6)
+
+
 def test_evaluate_keeps_few_distributed_programs_in_flight():
     # Programs with collectives (the DFT's axis is split: all_to_alls), ~200 of them queued
     # without waiting, make XLA:CPU's rendezvous abort the process after 40 s (measured on

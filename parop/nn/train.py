@@ -74,8 +74,8 @@ class UnitGaussianNormalizer:
 
 
 def relative_l2(pred: jax.Array, target: jax.Array) -> jax.Array:
-    """The mean over samples (axis 0) of `||pred - target|| / ||target||`; `pred` and
-    `target` of one shape (a `ValueError` otherwise: broadcasting `(b, 1, n)` against
+    """The mean over samples (axis 0) of `||pred - target|| / ||target||` (for complex
+    data, the norms of the moduli); `pred` and `target` of one shape (a `ValueError` otherwise: broadcasting `(b, 1, n)` against
     `(b, n)` would compare every sample with every other)."""
     return jnp.mean(_relative_errors(pred, target, "relative_l2"))
 
@@ -87,7 +87,9 @@ def _relative_errors(pred: jax.Array, target: jax.Array, where: str) -> jax.Arra
         raise ValueError(f"{where}: the prediction {tuple(pred.shape)} and the target {tuple(target.shape)} must "
                          "have the same shape")
     axes = tuple(range(1, pred.ndim))
-    return jnp.sqrt(jnp.sum((pred - target) ** 2, axis=axes)) / jnp.sqrt(jnp.sum(target**2, axis=axes))
+    complex_data = jnp.iscomplexobj(pred) or jnp.iscomplexobj(target)
+    square = (lambda v: jnp.abs(v) ** 2) if complex_data else (lambda v: v**2)
+    return jnp.sqrt(jnp.sum(square(pred - target), axis=axes)) / jnp.sqrt(jnp.sum(square(target), axis=axes))
 
 
 def as_real(θ: Params) -> Params:
