@@ -38,6 +38,20 @@ def network():
     return (jnp.asarray(2.0) * local) @ (spectral + other) @ stencil
 
 
+def test_a_cost_model_of_numpy_scalars_is_the_cost_model_of_their_values():
+    """`CostModel(latency_bytes=np.float32(3.5))` (a figure computed with NumPy) planned a
+    plan unequal to `CostModel(latency_bytes=3.5)`'s, whose JSON did not read back; `0`
+    and `0.0` gave two plans; `training=np.True_` was refused."""
+    op = po.kron(po.DFT(8), po.DFT(8))
+    for given, value in ((np.float32(3.5), 3.5), (0, 0.0), (np.int64(1 << 20), float(1 << 20))):
+        model = po.CostModel(latency_bytes=given, training=np.True_)
+        assert model == po.CostModel(latency_bytes=value) and type(model.latency_bytes) is float
+        assert type(model.training) is bool
+        plan = po.plan(op, (2, 1), cost=model)
+        assert plan == po.plan(op, (2, 1), cost=po.CostModel(latency_bytes=value))
+        assert po.Plan.from_json(plan.to_json()) == plan
+
+
 def test_equal_arguments_give_equal_plans_and_json_gives_them_back():
     op = network()
     plan = po.plan(op, (2, 2))

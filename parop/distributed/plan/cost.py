@@ -24,6 +24,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+import numpy as np
+
 ALL_TO_ALL, PSUM, PSUM_SCATTER, ALL_GATHER, PPERMUTE = "all_to_all", "psum", "psum_scatter", "all_gather", "ppermute"
 KINDS = (ALL_TO_ALL, PSUM, PSUM_SCATTER, ALL_GATHER, PPERMUTE)
 
@@ -96,8 +98,11 @@ class CostModel:
         if (not isinstance(self.latency_bytes, numbers.Real) or isinstance(self.latency_bytes, bool)
                 or not math.isfinite(self.latency_bytes) or self.latency_bytes < 0):
             raise ValueError(f"CostModel: latency_bytes must be a finite number >= 0, got {self.latency_bytes!r}")
-        if not isinstance(self.training, bool):
+        if not isinstance(self.training, (bool, np.bool_)):
             raise ValueError(f"CostModel: training must be True or False, got {self.training!r}")
+        # Python values, whatever NumPy scalars were given: equal models give equal plans and JSON
+        object.__setattr__(self, "latency_bytes", float(self.latency_bytes))
+        object.__setattr__(self, "training", bool(self.training))
 
     def price(self, forward, backward) -> tuple[float, float, int]:
         """`(time in bytes, bytes sent, collectives)` of a program or an action running
