@@ -104,7 +104,7 @@ def html(op: Operator) -> str:
         f"<tr><td style='text-align:left;padding-left:{1.2 * d + 0.3:.1f}em'>{_html.escape(name)}</td>"
         f"<td>{_html.escape(str(o.domain_shape))}</td><td>{i}</td>"
         f"<td>{_html.escape(str(o.range_shape))}</td><td>{out}</td>"
-        f"<td>{', '.join(sorted(o.parameters)) if _leaf(o) else ''}</td></tr>"
+        f"<td>{_html.escape(', '.join(sorted(o.parameters))) if _leaf(o) else ''}</td></tr>"
         for d, name, o, i, out in _rows(op.named)
     )
     return (

@@ -128,6 +128,8 @@ def test_repr_tree_and_html():
     assert "(50, 30, 10) float32 → (50, 30, 10) float32" in text and "I(30)" in text
     html = op._repr_html_()
     assert "<table>" in html and "mix" in html
+    named = po.kron(po.Matrix(4, 4, name="<b>a&b</b>"), po.Identity(2))  # names are text, escaped everywhere
+    assert "<b>" not in named._repr_html_() and named._repr_html_().count("&lt;b&gt;a&amp;b&lt;/b&gt;") == 3
 
 
 # -- bad input -------------------------------------------------------------------------
