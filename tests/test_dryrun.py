@@ -61,6 +61,9 @@ def test_dry_run_is_the_compiled_step():
     assert report["sent_bytes"] == sum(p.bytes + p.backward_bytes for p in plans) - dead[0].bytes
     assert report["devices"] == 4 and report["partition"] == (1, 1, 2, 2)
     assert report["all_to_all_per_layer"] == plans[1].collectives()["all_to_all"]
+    # the step gathers only what the plans gather (a padded spectral weight's gradient), not the grid
+    # coordinates: computed in the program, XLA made them split and gathered them, one per grid axis
+    assert report["collectives"]["all_gather"] == report["planned"]["all_gather"] == 1
 
 
 @pytest.mark.parametrize("partition", [None, (2, 1, 2, 2)])

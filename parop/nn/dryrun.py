@@ -56,8 +56,8 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
       `psum_scatter`, `all_gather`, `ppermute`; a `psum` is one all-reduce operand:
       XLA combines independent all-reduces into one instruction); `planned`: the same
       from the plans (forward + backward), which hold every collective of the
-      operators but not the global array's (the loss's sums, the biases' gradients,
-      the grid coordinates); XLA drops those that only make the input's gradient, and
+      operators but not the global array's (the loss's sums, the biases' gradients:
+      all-reduces); XLA drops those that only make the input's gradient, and
       with `remat` runs again the forward ones the backward pass needs;
     - `sent_bytes`: per device per step, forward and backward, from the plans;
       `hlo_sent_bytes`: what the compiled step's collectives send (its

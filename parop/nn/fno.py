@@ -257,7 +257,8 @@ class FNO:
         if a.shape[0] == 0:  # no sample: the empty result, as an operator gives (there is no plan to make)
             return jnp.zeros((0, self.out_channels) + self.grid, self.dtype)
         ops = self.operators(a.shape[0])
-        axes = [jnp.linspace(0, 1, n, dtype=self.dtype) for n in self.grid]
+        with jax.ensure_compile_time_eval():  # constants in the program: XLA computed them split, then gathered them
+            axes = [jnp.linspace(0, 1, n, dtype=self.dtype) for n in self.grid]
         coords = jnp.stack(jnp.meshgrid(*axes, indexing="ij"))
         coords = jnp.broadcast_to(coords, (a.shape[0],) + coords.shape)
         a = a.astype(self.dtype)
