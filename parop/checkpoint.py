@@ -75,7 +75,7 @@ def save(path: PathLike, tree: PyTree, *, step: int = 0, keep: int | None = None
         if latest is not None and step < latest and not allow_older:
             raise ValueError(f"save: step {step} of {os.fspath(path)!r} is below the latest step saved there "
                              f"({latest}): pass allow_older=True to save it anyway")
-        checksums = _checksums(tree)  # every process, before the first write
+        checksums = _checksums(tree, "save")  # every process, before the first write
         manager.save(step, args=ocp.args.StandardSave(tree), custom_metadata={CHECKSUMS: checksums},
                      force=True)  # force: below the latest step too
         manager.wait_until_finished()
@@ -209,18 +209,27 @@ def _stored(manager, step: int, where: str) -> tuple[PyTree, dict]:
     return tree.tree, checksums
 
 
-def _flat(tree: PyTree, *, serialized: bool = False) -> dict[str, Any]:
+def _flat(tree: PyTree, where: str, *, serialized: bool = False) -> dict[str, Any]:
     """The leaves of `tree` by their '/'-joined paths, as orbax names them (`serialized`:
-    a tree of orbax's own, such as its metadata, that needs no serializing)."""
+    a tree of orbax's own, such as its metadata, that needs no serializing); a
+    `ValueError` where two paths join to one name (`{"a/b": x, "a": {"b": y}}`): their
+    checksums would be one entry, and one array would go unchecked."""
     ocp = _orbax()
     flat = ocp.tree.to_flat_dict(tree if serialized else ocp.tree.serialize_tree(tree))
-    return {"/".join(map(str, key)): x for key, x in flat.items()}
+    named: dict[str, Any] = {}
+    for key, x in flat.items():
+        name = "/".join(map(str, key))
+        if name in named:
+            raise ValueError(f"{where}: two arrays of the tree are both named {name!r} (a path's keys joined by "
+                             "'/'): rename a key")
+        named[name] = x
+    return named
 
 
 def _check_like(stored: PyTree, like: PyTree, where: str) -> None:
     """A `ValueError` naming the leaves that `like` lacks, adds, or gets the dtype or
     shape of wrong (orbax's own errors say less, and it casts dtypes silently)."""
-    stored, asked = _flat(stored, serialized=True), _flat(like)
+    stored, asked = _flat(stored, where, serialized=True), _flat(like, where)
     describe = lambda x: f"{np.dtype(x.dtype)}{tuple(x.shape)}"  # noqa: E731
     wrong = [f"{key}: {describe(stored[key])} saved, {describe(x)} asked for"
              for key, x in asked.items() if key in stored and describe(stored[key]) != describe(x)]
@@ -232,16 +241,16 @@ def _check_like(stored: PyTree, like: PyTree, where: str) -> None:
         raise ValueError(f"{where}: `like` does not match the arrays saved: " + "; ".join(wrong))
 
 
-def _checksums(tree: PyTree) -> dict:
+def _checksums(tree: PyTree, where: str) -> dict:
     """The `CHECKSUMS` entry of `tree`: each array's shard boundaries and shard sums."""
-    leaves = {key: (x, _cuts(x)) for key, x in _flat(tree).items()}
+    leaves = {key: (x, _cuts(x)) for key, x in _flat(tree, where).items()}
     return {key: {"cuts": leaves[key][1], "sums": sums} for key, sums in _sums(leaves).items()}
 
 
 def _verify(restored: PyTree, checksums: dict, where: str) -> None:
     """A `ValueError` naming the first array and shard of `restored` whose sums differ
     from those saved, or the arrays that have none."""
-    leaves = _flat(restored)
+    leaves = _flat(restored, where)
     damaged = sorted(key for key, x in leaves.items() if not _fits(checksums.get(key), np.shape(x)))
     if damaged:
         raise ValueError(f"{where}: the checksums of {', '.join(damaged)} are missing or damaged "

@@ -140,6 +140,13 @@ def test_a_leaf_that_is_not_an_array_is_named(tmp_path):
             checkpoint.save(tmp_path, tree, step=2)
         with pytest.raises(error, match="^restore: " + message):
             checkpoint.restore(tmp_path, tree)
+    # two paths that join to one name: their checksums were one entry, and one array went unchecked
+    clash = {"a/b": np.arange(4.0), "a": {"b": np.zeros(4)}}
+    with pytest.raises(ValueError, match=r"^save: two arrays of the tree are both named 'a/b' \(a path's keys "
+                                         r"joined by '/'\): rename a key$"):
+        checkpoint.save(tmp_path, clash, step=2)
+    with pytest.raises(ValueError, match=r"^restore: step 1 of .*: two arrays of the tree are both named 'a/b'"):
+        checkpoint.restore(tmp_path, clash)
     assert sorted(os.listdir(tmp_path)) == ["1"]
 
 
