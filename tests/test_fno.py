@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from parop.datasets import darcy_flow
 from parop.nn import FNO, UnitGaussianNormalizer, fit, relative_l2
@@ -216,6 +217,16 @@ def test_wrong_input_shape_and_unsplittable_batch():
                                "entry): split it in one of [1, 2, 4]")
     with pytest.raises(ValueError, match=r"^FNO.distribute: input axis 4 of size 6 cannot be split in 4"):
         FNO((8, 8, 6), width=4, modes=(4, 4, 4), layers=1).distribute((1, 1, 1, 1, 4))
+    # the same with a PartitionSpec (the channels' error named the whole network), and a spec with an entry
+    # past the grid's (planned for a batch axis that FNO.apply never gives, then a failure at the first call)
+    mesh = jax.make_mesh((2, 4), ("a", "b"), devices=jax.devices()[:8])
+    with pytest.raises(ValueError, match=r"^FNO.distribute: the channel axis enters the network as 1 input "
+                                         r"channel\(s\) and 3 grid coordinates, 4 channels, which cannot be split in 8"):
+        FNO((8, 8, 6), width=4, modes=(4, 4, 4), layers=1).distribute(P(None, ("a", "b")), mesh=mesh)
+    with pytest.raises(ValueError, match=r"^FNO.distribute: the partition splits the axes of \(batch, channel, "
+                                         r"\*grid\): at most 5 entries for grid \(8, 8, 6\), got P\(None, None, None, "
+                                         r"None, None, 'a'\)$"):
+        FNO((8, 8, 6), width=4, modes=(4, 4, 4), layers=1).distribute(P(None, None, None, None, None, "a"), mesh=mesh)
 
 
 def test_input_dtypes():

@@ -454,8 +454,16 @@ class DistributedFNO(FNO):
     def __init__(self, grid, *, partition, mesh: Mesh | None = None, cost: CostModel | None = None,
                  batch: int | None = None, **kwargs):
         super().__init__(grid, **kwargs)
+        counts = None  # the pieces each axis of (batch, channel, *grid) is cut in, where known here
         if isinstance(partition, PartitionSpec):
-            split = math.prod(mesh.shape[n] for n in _names(partition[0])) if mesh is not None and len(partition) else 1
+            if len(partition) > 2 + len(self.grid):  # po.distribute would take the rest for an operator's batch axes
+                raise ValueError(f"FNO.distribute: the partition splits the axes of (batch, channel, *grid): at most "
+                                 f"{2 + len(self.grid)} entries for grid {self.grid}, got {partition}")
+            names = [_names(entry) for entry in partition]
+            if mesh is not None and all(n in mesh.shape for e in names for n in e):
+                counts = tuple(math.prod(mesh.shape[n] for n in e) for e in names)
+                counts += (1,) * (2 + len(self.grid) - len(counts))  # else po.distribute says what is wrong
+            split = counts[0] if counts else 1
         else:
             partition = check_partition(partition, "FNO.distribute")
             if len(partition) != 2 + len(self.grid):
@@ -463,18 +471,18 @@ class DistributedFNO(FNO):
                                  f"{2 + len(self.grid)} entries for grid {self.grid}, got {partition}")
             if mesh is None:
                 check_devices(partition, "FNO.distribute")
-            split = partition[0]
+            split, counts = partition[0], partition
         if batch is not None and (not is_positive_int(batch) or batch % split):
             raise ValueError(f"FNO.distribute: batch must be a positive multiple of {split} (the partition's batch "
                              f"entry), got {batch!r}")
-        if not isinstance(partition, PartitionSpec):  # the lifting's input: the grid coordinates are channels too
-            channels, parts = self.in_channels + len(self.grid), partition[1]
+        if counts is not None:  # the lifting's input: the grid coordinates are channels too
+            channels, parts = self.in_channels + len(self.grid), counts[1]
             if channels % parts:
                 raise ValueError(
                     f"FNO.distribute: the channel axis enters the network as {self.in_channels} input channel(s) "
                     f"and {len(self.grid)} grid coordinates, {channels} channels, which cannot be split in {parts} "
                     f"(the partition's channel entry): split it in one of {divisors(channels)}")
-            check_split_counts((split, channels) + self.grid, partition, "FNO.distribute")
+            check_split_counts((split, channels) + self.grid, counts, "FNO.distribute")
         self.partition = partition
         self._sample_batch = split
         self.reference_batch = split if batch is None else int(batch)
