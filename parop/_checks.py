@@ -67,9 +67,9 @@ def batch_sizes(batch_shape, where: str) -> tuple[int, ...]:
     with `where`.
 
     >>> import numpy as np
-    >>> batch_sizes([np.int64(4), 2], "plan_for")
-    (4, 2)"""
-    if not isinstance(batch_shape, (tuple, list)) or not all(map(is_int, batch_shape)):
+    >>> batch_sizes([np.int64(4), 2], "plan_for"), batch_sizes(np.array([3]), "plan_for")
+    ((4, 2), (3,))"""
+    if not is_axes(batch_shape) or not all(map(is_int, batch_shape)):
         raise TypeError(f"{where} takes a tuple of batch sizes (ints), got {batch_shape!r}")
     if any(n < 1 for n in batch_shape):
         raise ValueError(f"{where}: batch sizes must be positive (an empty batch holds nothing to plan, apply or "

@@ -179,6 +179,8 @@ def test_distribute_and_plan_check_the_batch_shape(batch, error, message):
         with pytest.raises(error, match=where + r"\(.*DFT\(16\) ⊗ DFT\(16\).*\): " + message):
             make(F, (2, 1, 2), batch_shape=batch)
     assert po.distribute(F, (2, 1, 2), batch_shape=[np.int64(4)]).batch_shape == (4,)
+    # a 1-D NumPy array, as the partition may be (it was a TypeError)
+    assert po.plan(F, np.array([2, 1, 2]), batch_shape=np.array([4])) == po.plan(F, (2, 1, 2), batch_shape=(4,))
 
 
 def test_distribute_chain_takes_a_sequence_of_operators():
