@@ -352,6 +352,42 @@ def test_under_jax_set_mesh_parop_distributes_on_the_context_mesh(axis_type):
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
+def test_distributed_inside_jit_under_jax_set_mesh(axis_type):
+    """`po.distribute` and `FNO.distribute` called as a function jitted under
+    `jax.set_mesh` traces (JAX gives them only the context's abstract mesh): planned on
+    that shape, the same plan as outside, and run there, forward and differentiated, as
+    the serial operator. (parop made a mesh of its own there, and the call was a
+    ValueError telling the user to distribute under the context.) Outside that trace
+    such an operator is a ValueError."""
+    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(axis_type,) * 3)
+    op = po.kron(po.DFT(8, "complex128"), po.Matrix(8, 8, "complex128", name="w"))
+    θ = random_params(op)
+    x = jnp.asarray(random_array(np.random.default_rng(8), (8, 8), np.complex128))
+    made = []
+
+    def loss(θ):
+        D = po.distribute(op, (2, 2))
+        made.append(D)
+        return pairing(x, (D.H @ D)(θ) @ x)
+
+    with jax.set_mesh(mesh):
+        got = jax.jit(jax.value_and_grad(loss))(θ)
+        plan = po.plan(op, (2, 2))
+        model = FNO((8, 8), width=2, modes=(2, 2), layers=1, dtype="float64")
+        θm, a = model.init(jax.random.key(0)), jnp.asarray(random_array(np.random.default_rng(9), (2, 1, 8, 8),
+                                                                         np.float64))
+        y = jax.jit(lambda θm, a: model.distribute((2, 1, 2, 2)).apply(θm, a))(θm, a)
+    want = jax.value_and_grad(lambda θ: pairing(x, (op.H @ op)(θ) @ x))(θ)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(got[1]["w"]), np.asarray(want[1]["w"]), rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(model.apply(θm, a)), rtol=1e-10, atol=1e-12)
+    assert made[0].plan == plan and made[0].mesh == mesh.abstract_mesh
+    with pytest.raises(ValueError, match=r"planned on an AbstractMesh \(a mesh shape\), which runs only inside "
+                                         r"jax.jit under a jax.set_mesh of that shape"):
+        made[0](θ) @ x
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
 @pytest.mark.parametrize("spec, out", [(P("a", "b"), None), (P("a", "b"), P(None, ("a", "b"))),
                                        (P(None, ("a", "b")), None)])
 def test_flat_input_and_the_dense_matrix_whatever_the_output_split(axis_type, spec, out):

@@ -99,11 +99,12 @@ def check_mesh(mesh: Mesh | AbstractMesh | None, where: str) -> None:
 def context_mesh() -> Mesh | None:
     """The mesh `jax.set_mesh` has set around this call, if any: `po.distribute` given no
     `mesh=` runs there (a `shard_map` runs only on the context mesh). Under `jax.jit`
-    JAX gives only the context's abstract mesh, and None is returned."""
+    JAX gives only the context's abstract mesh, and that is returned: an operator
+    distributed there runs under that context (`DistributedOperator.program`)."""
     try:
         mesh = jax.sharding.get_mesh()
     except ValueError:  # under jax.jit
-        return None
+        mesh = jax.sharding.get_abstract_mesh()
     return None if mesh.empty else mesh
 
 

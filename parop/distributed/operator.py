@@ -408,9 +408,7 @@ class DistributedOperator(Operator):
         `(name, PartitionSpec)` list."""
         kept = self._entry(batch_sizes(batch_shape, f"{self.request.where}: program"))
         if kept[1] is None:
-            if isinstance(self.mesh, AbstractMesh):
-                raise ValueError(f"{self.request.where}: planned on an AbstractMesh (a mesh shape): "
-                                 "distribute it on a jax.sharding.Mesh of devices to run it")
+            self._check_runs_here()
             kept[1] = lower(kept[0], self.mesh)
         return kept[1]
 
@@ -438,6 +436,24 @@ class DistributedOperator(Operator):
             return value
         return jax.device_put(value, sharding())
 
+    def _check_runs_here(self) -> None:
+        """A `ValueError` where this operator cannot run: under a `jax.set_mesh` of another
+        mesh (JAX runs a `shard_map` only on the context mesh), or, planned on a mesh shape,
+        anywhere but inside `jax.jit` under a `jax.set_mesh` of that shape (where JAX lays
+        it onto the context's devices, and where `po.distribute` finds only the shape)."""
+        context = jax.sharding.get_abstract_mesh()
+        if isinstance(self.mesh, AbstractMesh):
+            if context != self.mesh:
+                raise ValueError(f"{self.request.where}: planned on an AbstractMesh (a mesh shape), which runs only "
+                                 "inside jax.jit under a jax.set_mesh of that shape: distribute it on a "
+                                 "jax.sharding.Mesh of devices to run it elsewhere")
+        elif not context.empty and context != self.mesh.abstract_mesh:
+            raise ValueError(
+                f"{self.request.where}: distributed on the mesh {describe_mesh(self.mesh)}, applied under "
+                f"jax.set_mesh of another, {describe_mesh(context)}: JAX runs a shard_map only on the context mesh. "
+                "Distribute it under that jax.set_mesh (po.distribute given no mesh= takes the context's), or "
+                "apply it outside")
+
     def _call(self, θ, x):
         """`A(θ) @ x` under `jax.jit`: the checks and the flat/tensor handling run when it
         traces, so a call costs what the jitted program's dispatch costs; `θ` is by the
@@ -445,13 +461,7 @@ class DistributedOperator(Operator):
         program of `x`'s batch shape are made here, before the trace. One jitted function
         per direction (shared by every copy of `D`) closes over the operator's structure;
         the operator's traced scalars are its arguments."""
-        context = jax.sharding.get_abstract_mesh()
-        if isinstance(self.mesh, Mesh) and not context.empty and context != self.mesh.abstract_mesh:
-            raise ValueError(
-                f"{self.request.where}: distributed on the mesh {describe_mesh(self.mesh)}, applied under "
-                f"jax.set_mesh of another, {describe_mesh(context)}: JAX runs a shard_map only on the context mesh. "
-                "Distribute it under that jax.set_mesh (po.distribute given no mesh= takes the context's), or "
-                "apply it outside")
+        self._check_runs_here()
         batch = self._batch_of(x)
         if batch is not None:
             self.program(batch)
