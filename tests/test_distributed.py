@@ -1,6 +1,7 @@
 """`po.distribute`: the same linear map as the serial operator, with the fewest
 collectives, on 1, 2, 4 and 8 forced CPU devices."""
 
+import contextlib
 import math
 from collections import Counter
 
@@ -8,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 import parop as po
 from parop.distributed.hlo import _instructions
 from parop.distributed.layout import sharding
-from parop.nn import FNO
+from parop.nn import FNO, dry_run
 from reference import dense, pairing, random_array, random_params, random_tree, serial_results
 
 
@@ -357,8 +358,8 @@ def test_distributed_inside_jit_under_jax_set_mesh(axis_type):
     `jax.set_mesh` traces (JAX gives them only the context's abstract mesh): planned on
     that shape, the same plan as outside, and run there, forward and differentiated, as
     the serial operator. (parop made a mesh of its own there, and the call was a
-    ValueError telling the user to distribute under the context.) Outside that trace
-    such an operator is a ValueError."""
+    ValueError telling the user to distribute under the context.) Outside a
+    `jax.set_mesh` of its shape such an operator is a ValueError."""
     mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(axis_type,) * 3)
     op = po.kron(po.DFT(8, "complex128"), po.Matrix(8, 8, "complex128", name="w"))
     θ = random_params(op)
@@ -382,9 +383,41 @@ def test_distributed_inside_jit_under_jax_set_mesh(axis_type):
     np.testing.assert_allclose(np.asarray(got[1]["w"]), np.asarray(want[1]["w"]), rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(np.asarray(y), np.asarray(model.apply(θm, a)), rtol=1e-10, atol=1e-12)
     assert made[0].plan == plan and made[0].mesh == mesh.abstract_mesh
-    with pytest.raises(ValueError, match=r"planned on an AbstractMesh \(a mesh shape\), which runs only inside "
-                                         r"jax.jit under a jax.set_mesh of that shape"):
+    with pytest.raises(ValueError, match=r"planned on an AbstractMesh \(a mesh shape\), which runs only under a "
+                                         r"jax.set_mesh of devices of that shape"):
         made[0](θ) @ x
+
+
+def test_a_mesh_shape_in_context_is_planned_on_and_runs_on_devices_of_that_shape():
+    """Under `jax.sharding.use_abstract_mesh(shape)` parop plans on that shape, however
+    many devices the machine has (it made a mesh of its own: "16 devices asked for, 8
+    available"), the plan that `mesh=shape` gives; the partition search too. Such an
+    operator runs under a `jax.set_mesh` of devices of its shape (eagerly or jitted, as
+    the serial operator), and elsewhere `apply`, `FNO.init` and `dry_run` are ValueErrors
+    saying so (they were JAX's errors about lowering platforms)."""
+    shape = AbstractMesh((4, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+    F = po.kron(po.DFT(8, "complex128"), po.DFT(16, "complex128"), po.Identity(4, "complex128"))
+    with jax.sharding.use_abstract_mesh(shape):
+        D = po.distribute(F, (4, 4, 1))
+        model = FNO((16, 16), width=4, modes=(4, 4), layers=1).distribute(devices=16, batch=4)
+        assert D.mesh == shape and model.mesh == shape and model.partition == (4, 1, 4, 1)
+        with pytest.raises(ValueError, match=r"^FNO.init: the model is distributed on a mesh shape"):
+            model.init(jax.random.key(0))
+        with pytest.raises(ValueError, match=r"^dry_run: the model is distributed on a mesh shape"):
+            dry_run(model, 4)
+    assert D.plan == po.plan(F, (4, 4, 1), mesh=shape)
+    small = po.distribute(po.kron(po.DFT(8, "complex128"), po.DFT(8, "complex128")), (2, 4),
+                          mesh=AbstractMesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2))
+    x = jnp.asarray(random_array(np.random.default_rng(10), (8, 8), np.complex128))
+    want = np.fft.fft2(np.asarray(x))
+    with jax.set_mesh(jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)):
+        for got in (small @ x, jax.jit(lambda x: small @ x)(x)):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+    for where in (jax.set_mesh(jax.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)),
+                  jax.sharding.use_abstract_mesh(small.mesh), contextlib.nullcontext()):
+        with where, pytest.raises(ValueError, match=r"planned on an AbstractMesh \(a mesh shape\), which runs only "
+                                                    r"under a jax.set_mesh of devices of that shape"):
+            small @ x
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])

@@ -104,6 +104,8 @@ def context_mesh() -> Mesh | None:
     try:
         mesh = jax.sharding.get_mesh()
     except ValueError:  # under jax.jit
+        mesh = None
+    if mesh is None or mesh.empty:  # under jax.jit, or jax.sharding.use_abstract_mesh: a mesh shape
         mesh = jax.sharding.get_abstract_mesh()
     return None if mesh.empty else mesh
 

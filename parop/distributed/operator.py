@@ -409,7 +409,9 @@ class DistributedOperator(Operator):
         kept = self._entry(batch_sizes(batch_shape, f"{self.request.where}: program"))
         if kept[1] is None:
             self._check_runs_here()
-            kept[1] = lower(kept[0], self.mesh)
+            # a mesh shape runs as the context's (JAX's shard_map takes only that one, device kind and all)
+            mesh = jax.sharding.get_abstract_mesh() if isinstance(self.mesh, AbstractMesh) else self.mesh
+            kept[1] = lower(kept[0], mesh)
         return kept[1]
 
     # -- application ---------------------------------------------------------------------
@@ -439,13 +441,19 @@ class DistributedOperator(Operator):
     def _check_runs_here(self) -> None:
         """A `ValueError` where this operator cannot run: under a `jax.set_mesh` of another
         mesh (JAX runs a `shard_map` only on the context mesh), or, planned on a mesh shape,
-        anywhere but inside `jax.jit` under a `jax.set_mesh` of that shape (where JAX lays
-        it onto the context's devices, and where `po.distribute` finds only the shape)."""
+        anywhere but under a `jax.set_mesh` of devices of that shape (where JAX lays it
+        onto the context's devices: inside `jax.jit`, `po.distribute` finds only the
+        shape)."""
         context = jax.sharding.get_abstract_mesh()
         if isinstance(self.mesh, AbstractMesh):
-            if context != self.mesh:
+            try:
+                devices = not jax.sharding.get_mesh().empty  # a jax.set_mesh of devices, not a mesh shape alone
+            except ValueError:  # under jax.jit, where JAX gives only the shape
+                devices = True
+            shape = lambda m: (m.shape_tuple, m.axis_types)  # noqa: E731 (a user's shape has no device kind)
+            if context.empty or shape(context) != shape(self.mesh) or not devices:
                 raise ValueError(f"{self.request.where}: planned on an AbstractMesh (a mesh shape), which runs only "
-                                 "inside jax.jit under a jax.set_mesh of that shape: distribute it on a "
+                                 "under a jax.set_mesh of devices of that shape: distribute it on a "
                                  "jax.sharding.Mesh of devices to run it elsewhere")
         elif not context.empty and context != self.mesh.abstract_mesh:
             raise ValueError(

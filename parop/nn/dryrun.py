@@ -78,6 +78,10 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
     """
     if not isinstance(model, FNO):
         raise TypeError(f"dry_run: model must be a parop.nn.FNO (serial or distributed), got {type(model).__name__}")
+    if model.distributed and isinstance(model.mesh, jax.sharding.AbstractMesh):
+        raise ValueError("dry_run: the model is distributed on a mesh shape (an AbstractMesh), and XLA compiles a "
+                         "step only for devices: distribute it on a jax.sharding.Mesh (`python -m parop.nn.dryrun` "
+                         "forces as many CPU devices as the partition needs)")
     batch = positive_int(batch, "batch", "dry_run")
     optimizer = optax.adam(1e-3) if optimizer is None else optimizer
     if not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .. import _dtypes
 from ..algebra import kron
@@ -222,6 +222,9 @@ class FNO:
         weight drawn where the model keeps it (one jitted program, compiled once for all
         models of the same parameter shapes and placements)."""
         check_key(key, "FNO.init")
+        if self.distributed and isinstance(self.mesh, AbstractMesh):  # as po.init of such an operator
+            raise ValueError("FNO.init: the model is distributed on a mesh shape (an AbstractMesh), which has no "
+                             "devices to hold the weights: distribute it on a jax.sharding.Mesh to initialise it")
         places = tuple(sorted(self.param_shardings().items(), key=lambda item: item[0]))
         return _initializer(self._draws(), places)(key)
 

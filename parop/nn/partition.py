@@ -135,7 +135,8 @@ def _reason(error: ValueError) -> str:
 def _check(where: str, devices, batch, memory_limit) -> tuple[int, int]:
     """`(devices, batch)` as ints, or a `ValueError` naming `where` and the argument."""
     devices, batch = positive_int(devices, "devices", where), positive_int(batch, "batch", where)
-    available = len(jax.devices())
+    mesh = context_mesh()  # a mesh shape (jax.sharding.use_abstract_mesh) is planned on, whatever the machine has
+    available = mesh.size if isinstance(mesh, jax.sharding.AbstractMesh) else len(jax.devices())
     if devices > available:
         raise ValueError(f"{where}: {devices} devices asked for, {available} available")
     if memory_limit is not None and (isinstance(memory_limit, bool) or not isinstance(memory_limit, numbers.Real)
