@@ -96,11 +96,12 @@ def check_mesh(mesh: Mesh | AbstractMesh | None, where: str) -> None:
         )
 
 
-def context_mesh() -> Mesh | None:
+def context_mesh() -> Mesh | AbstractMesh | None:
     """The mesh `jax.set_mesh` has set around this call, if any: `po.distribute` given no
-    `mesh=` runs there (a `shard_map` runs only on the context mesh). Under `jax.jit`
-    JAX gives only the context's abstract mesh, and that is returned: an operator
-    distributed there runs under that context (`DistributedOperator.program`)."""
+    `mesh=` runs there (a `shard_map` runs only on the context mesh). Under `jax.jit` JAX
+    gives only the context's abstract mesh, and under `jax.sharding.use_abstract_mesh`
+    there is only a shape: that `AbstractMesh` is returned then (an operator planned on
+    it runs under a `jax.set_mesh` of devices of its shape, `DistributedOperator.program`)."""
     try:
         mesh = jax.sharding.get_mesh()
     except ValueError:  # under jax.jit
