@@ -12,6 +12,7 @@ import numpy as np
 from . import _dtypes
 from ._checks import batch_sizes
 from .operator import Operator, Params, _reshaped
+from .params import check_key
 
 
 def to_dense(A: Operator, θ: Params | None = None) -> jax.Array:
@@ -67,7 +68,7 @@ def dot_test(A: Operator, θ: Params | None = None, key: jax.Array | None = None
     if not isinstance(A, Operator):
         raise TypeError(f"dot_test takes a parop operator, got {type(A).__name__}")
     batch_shape = batch_sizes(batch_shape, "dot_test: batch_shape")  # an empty batch would pass vacuously
-    kx, ky = jax.random.split(jax.random.key(0) if key is None else key)
+    kx, ky = jax.random.split(jax.random.key(0) if key is None else check_key(key, "dot_test"))
     x = _normal_at_least(kx, A.domain_size * math.prod(batch_shape), A.dtype)
     y = _normal_at_least(ky, A.range_size * math.prod(batch_shape), A.range_dtype)
     return float(_mismatch(A, θ, x, y, batch_shape))

@@ -342,12 +342,16 @@ def test_every_argument_given_an_odd_value_is_named_or_taken(name):
 
 
 def test_the_dot_test_refuses_what_would_pass_vacuously():
-    """An empty batch gave a mismatch of 0.0 (nothing compared); a batch size or an
-    operator of the wrong kind failed deep inside."""
+    """An empty batch gave a mismatch of 0.0 (nothing compared); a batch size, a key or
+    an operator of the wrong kind failed deep inside."""
     with pytest.raises(ValueError, match=r"^dot_test: batch_shape: batch sizes must be positive .* got \(0,\)"):
         po.testing.dot_test(po.DFT(4), batch_shape=(0,))
     with pytest.raises(TypeError, match=r"^dot_test: batch_shape takes a tuple of batch sizes \(ints\), got 4"):
         po.testing.dot_test(po.DFT(4), batch_shape=4)
     with pytest.raises(TypeError, match=r"^dot_test takes a parop operator, got ndarray"):
         po.testing.dot_test(np.eye(4))
+    for key in (0, jax.random.split(jax.random.key(0), 2)):  # an int seed failed inside jax.random
+        with pytest.raises(TypeError, match=r"^dot_test: key must be one JAX random key"):
+            po.testing.dot_test(po.DFT(4), key=key)
+    assert po.testing.dot_test(po.DFT(4), key=jax.random.PRNGKey(3)) < 1e-6
     assert po.testing.dot_test(po.DFT(4), batch_shape=[np.int64(2)]) < 1e-6
