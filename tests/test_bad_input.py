@@ -277,6 +277,14 @@ def _mesh(*types: AxisType):
     (lambda: po.distribute(po.kron(po.Matrix(8, 8), po.DFT(8, dtype=jnp.float32)), (2, 1), out_partition=(1, 2)),
      ValueError, r"^distribute\(Matrix\(8×8\) ⊗ rDFT\(8\)\): out_partition: output axis 1 of size 5 cannot be split "
      r"in 2: split it in one of \[1, 5\]$"),
+    # a spec longer than the tensor it lays out: it said "an input" of a weight's or the output's spec
+    (lambda: po.distribute(po.kron(po.Matrix(4, 4, name="m"), po.Diagonal(4, name="d")), (2, 1),
+                           weights={"d": P(None, "d0")}), ValueError,
+     r"^distribute\(.*\): weights\['d'\]: P\(None, 'd0'\) has 2 entries for a weight of 1 axes$"),
+    (lambda: po.distribute(po.kron(po.DFT(8), po.Identity(8)), P("x"), mesh=_mesh(AxisType.Auto),
+                           out_partition=P(None, None, "x")), ValueError,
+     r"^distribute\(DFT\(8\) ⊗ I\(8\)\): out_partition: P\(None, None, 'x'\) has 3 entries for an output of 2 "
+     r"axes$"),
     (lambda: po.distribute(po.kron(po.DFT(8, dtype=jnp.float32), po.Identity(8)), P(None, "x", "y"),
                            mesh=_mesh(AxisType.Auto, AxisType.Auto), out_partition=P(("x", "y"))), ValueError,
      r"^distribute\(rDFT\(8\) ⊗ I\(8\)\): out_partition: output axis 0 of size 5 cannot be split in 4: split it "

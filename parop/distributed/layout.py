@@ -24,11 +24,11 @@ def spec_of(layout: Layout) -> PartitionSpec:
     return PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in layout))
 
 
-def layout_of(spec: PartitionSpec, ndim: int, mesh: Mesh, where: str) -> Layout:
-    """The layout a `PartitionSpec` describes on `ndim` axes, checked against `mesh`."""
+def layout_of(spec: PartitionSpec, ndim: int, mesh: Mesh, where: str, what: str = "an input") -> Layout:
+    """The layout a `PartitionSpec` describes on `ndim` axes of `what`, checked against `mesh`."""
     entries = tuple(spec)
     if len(entries) > ndim:
-        raise ValueError(f"{where}: {spec} has {len(entries)} entries for an input of {ndim} axes")
+        raise ValueError(f"{where}: {spec} has {len(entries)} entries for {what} of {ndim} axes")
     for i, e in enumerate(entries):
         if not (e is None or isinstance(e, str) or (isinstance(e, tuple) and all(isinstance(n, str) for n in e))):
             raise ValueError(

@@ -181,7 +181,7 @@ class Request:
             if not isinstance(spec, PartitionSpec):
                 raise TypeError(f"{self.where}: weights[{name!r}] must be a PartitionSpec, got {spec!r}")
             ndim = len(parameters[name].param_shape)
-            out.append((name, layout_of(spec, ndim, self.mesh, f"{self.where}: weights[{name!r}]")))
+            out.append((name, layout_of(spec, ndim, self.mesh, f"{self.where}: weights[{name!r}]", "a weight")))
         return tuple(sorted(out))
 
 
@@ -627,7 +627,7 @@ def request_of(op: Operator, partition, out_partition: OutPartition, mesh: Mesh 
         _check_shardable(op, mesh, where)
     out: object = "auto" if _is_auto(out_partition) else out_partition
     if isinstance(out_partition, PartitionSpec):
-        out = ("layout", layout_of(out_partition, len(in_layout), mesh, where))
+        out = ("layout", layout_of(out_partition, len(in_layout), mesh, f"{where}: out_partition", "an output"))
         lost = left_out(in_layout, out[1])
         summable = _summable((op,) + then, mesh, shard_weights)
         if math.prod(mesh.shape[n] for n in lost) > summable:
