@@ -73,8 +73,8 @@ class DFT(Leaf):
         if self.n == 1:
             return _length_one(x, self.real)
         if self.real:
-            return jnp.fft.rfft(x, axis=axis, norm=self.norm)
-        return jnp.fft.fft(x, axis=axis, norm=self.norm)
+            return _fft(jnp.fft.rfftn, x, (axis,), norm=self.norm)
+        return _fft(jnp.fft.fftn, x, (axis,), norm=self.norm)
 
     def _backward(self, w, x, axis):
         if self.n == 1:
@@ -82,8 +82,8 @@ class DFT(Leaf):
         dual = _DUAL[self.norm]
         if self.real:
             c = _hermitian_weights(self.n, x.dtype)
-            return jnp.fft.irfft(x / along(c, x, axis), n=self.n, axis=axis, norm=dual)
-        return jnp.fft.ifft(x, axis=axis, norm=dual)
+            return _fft(jnp.fft.irfftn, x / along(c, x, axis), (axis,), s=(self.n,), norm=dual)
+        return _fft(jnp.fft.ifftn, x, (axis,), norm=dual)
 
     def inverse(self) -> "InverseDFT":
         return self._cache("_inverse", lambda: InverseDFT(self))
@@ -109,17 +109,17 @@ class InverseDFT(Leaf):
         if self.n == 1:
             return _length_one(x, False, self.real)
         if self.real:
-            return jnp.fft.irfft(x, n=self.n, axis=axis, norm=self.norm)
-        return jnp.fft.ifft(x, axis=axis, norm=self.norm)
+            return _fft(jnp.fft.irfftn, x, (axis,), s=(self.n,), norm=self.norm)
+        return _fft(jnp.fft.ifftn, x, (axis,), norm=self.norm)
 
     def _backward(self, w, x, axis):
         if self.n == 1:
             return _length_one(x, self.real)
         dual = _DUAL[self.norm]
         if self.real:
-            y = jnp.fft.rfft(x, axis=axis, norm=dual)
+            y = _fft(jnp.fft.rfftn, x, (axis,), norm=dual)
             return y * along(_hermitian_weights(self.n, y.dtype), y, axis)
-        return jnp.fft.fft(x, axis=axis, norm=dual)
+        return _fft(jnp.fft.fftn, x, (axis,), norm=dual)
 
     def inverse(self) -> DFT:
         return self.of
@@ -137,6 +137,21 @@ def _length_one(x: jax.Array, to_complex: bool, to_real: bool = False) -> jax.Ar
     if to_complex:
         return x.astype(_dtypes.complex_of(x.dtype))
     return jnp.real(x) if to_real else x
+
+
+def _fft(transform: Callable, x: jax.Array, axes, **options) -> jax.Array:
+    """`transform(x, axes=axes, **options)` (an `fftn` of `jnp.fft`) with `x`'s length-1
+    axes outside `axes` dropped around it and put back: XLA:CPU's FFT refused an operand
+    laid out other than row-major (a RET_CHECK in its FFT thunk), and its layout
+    assignment may put a length-1 axis anywhere (seen on a (1, 2) tensor inside a jitted
+    product of two distributed programs)."""
+    axes = tuple(a % x.ndim for a in axes)
+    unit = tuple(a for a in range(x.ndim) if x.shape[a] == 1 and a not in axes)
+    if not unit:
+        return transform(x, axes=axes, **options)
+    kept = [a for a in range(x.ndim) if a not in unit]
+    y = transform(jnp.squeeze(x, unit), axes=tuple(kept.index(a) for a in axes), **options)
+    return jnp.expand_dims(y, unit)
 
 
 def fusable(run: list, leaf, axis: int) -> bool:
@@ -182,9 +197,9 @@ def apply_fused(run: list, x):
     norm = leaves[0].norm
     if isinstance(leaves[0], DFT):
         if leaves[0].real:  # rfftn transforms the last of `axes` first, as the real one
-            return jnp.fft.rfftn(x, axes=axes[1:] + axes[:1], norm=norm)
-        return jnp.fft.fftn(x, axes=axes, norm=norm)
+            return _fft(jnp.fft.rfftn, x, axes[1:] + axes[:1], norm=norm)
+        return _fft(jnp.fft.fftn, x, axes, norm=norm)
     if leaves[-1].real:  # irfftn transforms the last of `axes` last, as the real one
         sizes = [x.shape[a] for a in axes[:-1]] + [leaves[-1].n]
-        return jnp.fft.irfftn(x, s=sizes, axes=axes, norm=norm)
-    return jnp.fft.ifftn(x, axes=axes, norm=norm)
+        return _fft(jnp.fft.irfftn, x, axes, s=sizes, norm=norm)
+    return _fft(jnp.fft.ifftn, x, axes, norm=norm)
