@@ -30,7 +30,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from .. import _dtypes
 from ..algebra import kron
 from ..distributed import CostModel, DistributedOperator, distribute, distribute_chain
-from ..distributed.layout import check_devices, check_partition, context_mesh
+from ..distributed.layout import check_devices, check_partition, context_mesh, layout_of, split_sizes
 from ..distributed.operator import check_split_counts
 from ..distributed.plan import PlanningError
 from ..operator import Operator, explicit_sharding
@@ -462,10 +462,8 @@ class DistributedFNO(FNO):
             if len(partition) > 2 + len(self.grid):  # po.distribute would take the rest for an operator's batch axes
                 raise ValueError(f"FNO.distribute: the partition splits the axes of (batch, channel, *grid): at most "
                                  f"{2 + len(self.grid)} entries for grid {self.grid}, got {partition}")
-            names = [_names(entry) for entry in partition]
-            if mesh is not None and all(n in mesh.shape for e in names for n in e):
-                counts = tuple(math.prod(mesh.shape[n] for n in e) for e in names)
-                counts += (1,) * (2 + len(self.grid) - len(counts))  # else po.distribute says what is wrong
+            if mesh is not None:  # (without one, po.distribute says what is wrong)
+                counts = split_sizes(layout_of(partition, 2 + len(self.grid), mesh, "FNO.distribute"), mesh.shape)
             split = counts[0] if counts else 1
         else:
             partition = check_partition(partition, "FNO.distribute")

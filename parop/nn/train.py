@@ -75,8 +75,9 @@ class UnitGaussianNormalizer:
 
 def relative_l2(pred: jax.Array, target: jax.Array) -> jax.Array:
     """The mean over samples (axis 0) of `||pred - target|| / ||target||` (for complex
-    data, the norms of the moduli); `pred` and `target` of one shape (a `ValueError` otherwise: broadcasting `(b, 1, n)` against
-    `(b, n)` would compare every sample with every other)."""
+    data, the norms of the moduli); `pred` and `target` of one shape (a `ValueError`
+    otherwise: broadcasting `(b, 1, n)` against `(b, n)` would compare every sample with
+    every other)."""
     return jnp.mean(_relative_errors(pred, target, "relative_l2"))
 
 
