@@ -371,9 +371,10 @@ def test_distributed_operators_laid_out_differently_hand_over_by_planned_moves()
     the plans' collectives and bytes. Left to XLA, the `+` of two outputs laid out
     differently gathered whole arrays (`D1 + D2` below: two all-gathers, 16,448 bytes
     sent per device, where the plans and their moves send 9,984). Values and gradients
-    are the serial operator's; where no plan makes a move (4 x 8 from
-    `P(None, ('a', 'b'))` to `P('a', 'b')`), XLA moves it between the two layouts,
-    gathering nothing, on Auto and on Explicit mesh axes."""
+    are the serial operator's. A move where the two mesh axes trade places (4 x 8 between
+    `P('a', 'b')` and `P(None, ('a', 'b'))`, where axis 0 cannot hold both), once left to
+    XLA, is planned too: a `ppermute` and an `all_to_all`, on Auto and on Explicit mesh
+    axes."""
     from parop.distributed.hlo import collectives
 
     mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -409,8 +410,8 @@ def test_distributed_operators_laid_out_differently_hand_over_by_planned_moves()
         grads, want = jax.jit(jax.grad(loss), static_argnums=1)(θ, D), jax.grad(loss)(θ, op)
         for name in want:
             close_to(grads[name], want[name])
-    # no plan moves (4, 8) from P(None, ('a', 'b')) to P('a', 'b'): XLA does, between the two layouts
-    # (pinned by `with_sharding_constraint`, or by `reshard` on Explicit axes, which refuse the former)
+    # the move between (4, 8) laid out as P('a', 'b') and as P(None, ('a', 'b')), either way: a planned
+    # ppermute that deals the blocks anew, then an all_to_all
     op = po.kron(po.Matrix(4, 4, "complex128", name="m"), po.DFT(8, "complex128"))
     θ, x = random_params(op, 3), jnp.asarray(random_array(RNG(13), (4, 8), np.complex128))
     for axis_type in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
@@ -419,8 +420,16 @@ def test_distributed_operators_laid_out_differently_hand_over_by_planned_moves()
         run = jax.jit(lambda θ, x: (D + D.H)(θ) @ x)
         close_to(run(θ, x), (op + op.H)(θ) @ x)
         close_to((D + D.H)(θ) @ x, (op + op.H)(θ) @ x)
-        found = collectives(run.lower(θ, x).compile().as_text())["counts"]
-        assert found["all-gather"] == D.plan.collectives()["all_gather"] + D.H.plan.collectives()["all_gather"], found
+        identity = po.kron(po.Identity(4, "complex128"), po.Identity(8, "complex128"))
+        moves = [po.plan(identity, a, mesh=on, out_partition=b) for a, b in [(P("a", "b"), P(None, ("a", "b"))),
+                                                                            (P(None, ("a", "b")), P("a", "b"))]]
+        plans = [D.plan, D.H.plan] + moves
+        assert [m.collectives()["ppermute"] for m in moves] == [1, 1]
+        found = collectives(run.lower(θ, x).compile().as_text())
+        for kind, name in [("all-to-all", "all_to_all"), ("all-gather", "all_gather"), ("all-reduce", "psum"),
+                           ("collective-permute", "ppermute")]:
+            assert found["counts"][kind] == sum(p.collectives()[name] for p in plans), found
+        assert found["sent_bytes"] == sum(p.bytes for p in plans), found
 
 
 @pytest.mark.parametrize("axis_type", [jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit])

@@ -19,7 +19,8 @@ import parop.distributed.plan.search as search_module
 from parop.distributed.plan.plan import JSON_FORMAT
 from parop.distributed.plan import program
 from parop.distributed.plan.actions import (ACTIONS, AllToAll, Branch, ColumnParallel, Gather, GatherColumnParallel,
-                                            HaloExchange, Local, ReducePsum, RowParallel, RowParallelScatter, Split)
+                                            HaloExchange, Local, Permute, ReducePsum, RowParallel, RowParallelScatter,
+                                            Split)
 from parop.distributed.plan.plan import walk
 from parop.distributed.plan.program import Step
 from parop.nn import FNO
@@ -89,16 +90,19 @@ def test_equal_arguments_give_equal_plans_and_json_gives_them_back():
 
 def test_every_kind_of_action_goes_to_json_and_back():
     """A `Reduce` over a split axis, a halo stencil, a tensor-parallel `Matrix` in its
-    row-parallel (`psum`, `psum_scatter`) and column-parallel forms and, in the adjoints,
-    the `all_gather` before a column-parallel one: each plan equals itself read back
+    row-parallel (`psum`, `psum_scatter`) and column-parallel forms, a `ppermute` that
+    deals blocks anew and, in the adjoints, the `all_gather` before a column-parallel
+    one: each plan equals itself read back
     from its JSON, shows the same and costs the same."""
     mixed = po.kron(po.Matrix(8, 8, F64, name="a"), po.Reduce(8, F64),
                     po.Stencil(np.array([1.0, -2.0, 1.0]), (8,), dtype=F64), po.Matrix(8, 8, F64, name="b"))
     halo = po.kron(po.Stencil(np.array([1.0, -2.0, 1.0]), (16,), dtype=F64), po.Identity(4, F64))
     scatter = po.Matrix(64, 64, F64, name="big")
+    traded = po.DFT(4, "complex128")  # two mesh axes trade tensor axes: a ppermute deals the blocks anew
     plans = [po.plan(mixed, (2, 2, 2, 1), shard_weights=True), po.plan(halo, (4, 2)),
-             po.plan(scatter, (8, 1), shard_weights=True, batch_shape=(16,)), po.plan(network(), (2, 2))]
-    plans += [plan.transpose(op.H) for plan, op in zip(plans, (mixed, halo, scatter, network()))]
+             po.plan(scatter, (8, 1), shard_weights=True, batch_shape=(16,)), po.plan(network(), (2, 2)),
+             po.plan(traded, (4, 2), out_partition=(2, 4), batch_shape=(8,))]
+    plans += [plan.transpose(op.H) for plan, op in zip(plans, (mixed, halo, scatter, network(), traded))]
     kinds = {type(visit.action) for plan in plans for visit in walk(plan.visits)}
     assert kinds == set(ACTIONS)
     for plan in plans:
@@ -138,6 +142,7 @@ def test_every_kind_of_action_maps_itself_under_a_symmetry():
         (AllToAll(("b", "c"), 0, 2, 1, 3), AllToAll(("y", "z"), 1, 0, 1, 3), AllToAll(("y", "z"), 0, 2, 1, 3)),
         (Split(("c",), 1, 2), Split(("z",), 2, 2), Split(("z",), 1, 2)),
         (Gather(("a",), 2, 5), Gather(("x",), 0, 5), Gather(("x",), 2, 5)),
+        (Permute((("a",), ("b", "c"), ())), Permute(((), ("x",), ("y", "z"))), Permute((("x",), ("y", "z"), ()))),
         (Branch(total, ((Split(("a",), 0),), (Local(reduce), AllToAll(("c",), 1, 2)))),
          Branch(total2, ((Split(("x",), 1),), (Local(reduce2), AllToAll(("z",), 2, 0)))),
          Branch(total2, ((Split(("x",), 0),), (Local(reduce2), AllToAll(("z",), 1, 2))))),

@@ -23,7 +23,7 @@ from ..operators import dft
 from .layout import layout_of, spec_of, split_sizes
 from .plan import Plan, Slot, Visit, walk
 from .plan.actions import (AllToAll, Branch, ColumnParallel, Gather, GatherColumnParallel, HaloExchange, Local,
-                           ReducePsum, RowParallel, RowParallelScatter, Split, StepAction)
+                           Permute, ReducePsum, RowParallel, RowParallelScatter, Split, StepAction)
 
 WeightKey = tuple[str, PartitionSpec]
 
@@ -91,6 +91,39 @@ def _(action: Gather, visit, x, weights, scalars, mesh):
     # slice of the `Split` it undoes, not a `psum_scatter`
     x = lax.all_gather(x, _names(action.axes), axis=action.src, tiled=True, to="invarying")
     return lax.slice_in_dim(x, 0, action.crop, axis=action.src) if action.crop else x
+
+
+@run_action.register
+def _(action: Permute, visit, x, weights, scalars, mesh):
+    before = visit.before
+    axes = action.mesh_axes(before)
+    sizes = before.mesh_sizes
+    pairs = []
+    for index in range(before.group(axes)):  # `ppermute`'s numbering: the mesh's order, the first axis major
+        coords = dict(zip(axes, _digits(index, [sizes[n] for n in axes])))
+        blocks = [_number([coords[n] for n in on], [sizes[n] for n in on]) for on in before.layout]
+        target = {}
+        for on, block in zip(action.layout, blocks):
+            target.update(zip(on, _digits(block, [sizes[n] for n in on])))
+        pairs.append((index, _number([target[n] for n in axes], [sizes[n] for n in axes])))
+    return lax.ppermute(x, _names(axes), pairs)
+
+
+def _digits(index: int, radices: list[int]) -> list[int]:
+    """`index`'s digits in the mixed radix `radices` (the first most significant)."""
+    out = []
+    for r in reversed(radices):
+        index, d = divmod(index, r)
+        out.append(d)
+    return out[::-1]
+
+
+def _number(digits: list[int], radices: list[int]) -> int:
+    """The number of `digits` in the mixed radix `radices` (the first most significant)."""
+    index = 0
+    for d, r in zip(digits, radices):
+        index = index * r + d
+    return index
 
 
 @run_action.register
@@ -205,14 +238,9 @@ def _ppermute_index(block: int, axes: tuple[str, ...], mesh: tuple[tuple[str, in
     `ppermute` numbers a group of mesh axes in the mesh's order, whatever their order
     in `axes`."""
     sizes = dict(mesh)
-    digits = {}
-    for name in reversed(axes):
-        block, digits[name] = divmod(block, sizes[name])
-    index = 0
-    for name, size in mesh:
-        if name in digits:
-            index = index * size + digits[name]
-    return index
+    digits = dict(zip(axes, _digits(block, [sizes[n] for n in axes])))
+    order = [n for n, _ in mesh if n in digits]
+    return _number([digits[n] for n in order], [sizes[n] for n in order])
 
 
 def _names(axes: tuple[str, ...]):

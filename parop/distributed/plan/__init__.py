@@ -117,9 +117,10 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
     search = Search(mesh_shape, cost, shard_weights, pinned=pinned)
     try:
         price, actions = search.run(prog, in_layout, goal)
+        expanded = search.expanded
     except PlanningError as e:
-        raise _no_plan(e, prog, in_layout, mesh_shape, where) from None
-    expanded = search.expanded
+        price, actions, expanded = _dealt(e, prog, in_layout, mesh_shape, goal, cost, where, shard_weights, pinned,
+                                          search.expanded)
     placements = weight_uses(replay(actions, start(prog.shape, in_layout, prog.dtype, tuple(mesh_shape.items())))[0])
     shared = next(((name, specs) for name, specs in placements.items() if len(specs) > 1), None)
     if shared is not None:
@@ -139,6 +140,28 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
         price, actions, _ = min(plans, key=lambda p: p[0])
         expanded += sum(p[2] for p in plans)
     return (price, actions, expanded) if with_cost else (actions, expanded)
+
+
+def _dealt(error: PlanningError, prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal: Goal,
+           cost: CostModel, where: str, shard_weights: bool | str, pinned: Mapping | None, expanded: int) -> tuple:
+    """`(cost, actions, states expanded)` of the cheapest route that deals blocks anew
+    (`Permute`) where the search without it (`error`, after `expanded` states) proved
+    that none ends where `goal` wants while some route runs every step: the exhaustive
+    search with `Permute` moves (its lower bound does not know them). Otherwise, or if
+    that finds none, the `ValueError` saying why."""
+    if error.gave_up or goal is Goal.any():
+        raise _no_plan(error, prog, in_layout, mesh_shape, where) from None
+    anywhere = Search(mesh_shape, cost, shard_weights, pinned=pinned)
+    try:
+        anywhere.run(prog, in_layout, Goal.any())
+    except PlanningError:
+        raise _no_plan(error, prog, in_layout, mesh_shape, where) from None
+    dealing = Search(mesh_shape, cost, shard_weights, exhaustive=True, pinned=pinned, permutes=True)
+    try:
+        price, actions = dealing.run(prog, in_layout, goal)
+    except PlanningError as e:
+        raise _no_plan(e if e.gave_up else error, prog, in_layout, mesh_shape, where) from None
+    return price, actions, expanded + anywhere.expanded + dealing.expanded
 
 
 def _no_plan(error: PlanningError, prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],

@@ -4,7 +4,7 @@ effect (`after`), its collectives forward and, for `jax.grad`, backward
 under a symmetry or in an operator alike (`mapped`) and how a plan shows it
 (`describe`); its lowering is registered in `lower.py` (`run_action`).
 The search asks the kinds for the moves from a state (`StepAction.candidates`,
-`AllToAll.candidates`, `Split.candidates`).
+`AllToAll.candidates`, `Split.candidates`, `Permute.candidates`).
 
 A plan is a list of actions from the input layout to the output layout:
 
@@ -26,6 +26,9 @@ A plan is a list of actions from the input layout to the output layout:
 - `AllToAll`: move the minor mesh axes of one tensor axis to another;
 - `Split`: cut a replicated tensor axis over free mesh axes (a local slice);
 - `Gather`: its transpose, an `all_gather`;
+- `Permute`: deal the blocks to other devices (a `ppermute`), each tensor axis cut
+  into as many pieces over the same mesh axes (searched only where the other moves
+  reach no output layout wanted: `Search(permutes=True)`);
 - `Branch`: a sum, each term's actions from the same layout to a common one (a
   search's route marks it with `Enter`, `NextTerm` and `Exit`; `fold` makes the
   `Branch`es).
@@ -37,6 +40,7 @@ the replay of a finished plan compute alike.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -608,6 +612,77 @@ class Gather:
 
 
 @dataclass(frozen=True)
+class Permute:
+    """Deal each device's block to the device that holds it in `layout`: a layout of the
+    same mesh axes that cuts each tensor axis into as many pieces, in another order or on
+    other tensor axes (one `ppermute` over those mesh axes, the whole block sent; its
+    transpose deals them back). Moves that take only the minor end of an axis cannot
+    make such a trade where no tensor axis can hold the mesh axes on the way: a tensor
+    of (4, 8) on mesh axes (d0: 4, d1: 2) from `P('d0', 'd1')` to `P('d1', 'd0')`
+    after a step that needs axis 0 whole.
+
+    >>> here = State((4, 8, 2), ((), ("b", "a"), ()), 8, (("a", 2), ("b", 4)))
+    >>> [p.layout for p in Permute.candidates(here)]
+    [((), ('a', 'b'), ())]
+    >>> [p.layout for p in Permute.candidates(State((4, 4), (("a",), ("b",)), 8, (("a", 2), ("b", 2))))]
+    [(('b',), ('a',))]"""
+
+    layout: Layout
+
+    @staticmethod
+    def candidates(here: State) -> Iterator["Permute"]:
+        """Every other layout of `here`'s mesh axes that cuts each tensor axis into as many
+        pieces (where the tensor is padded, only an order within its axes: the padding
+        stays where it is)."""
+        sizes = here.mesh_sizes
+
+        def deals(a: int, left: tuple[str, ...]) -> Iterator[Layout]:
+            if a == len(here.layout):
+                if not left:
+                    yield ()
+                return
+            if here.padded(a):
+                options = itertools.permutations(here.layout[a])
+            else:
+                options = (axes for k in range(len(left) + 1) for axes in itertools.permutations(left, k)
+                           if math.prod(sizes[n] for n in axes) == here.splits[a])
+            for axes in options:
+                rest = tuple(n for n in left if n not in axes)
+                for tail in deals(a + 1, rest):
+                    yield (axes,) + tail
+
+        for layout in deals(0, here.varying):
+            if layout != here.layout:
+                yield Permute(layout)
+
+    def after(self, state: State) -> Layout:
+        return self.layout
+
+    def collectives(self, state: State):
+        c = Collective(PPERMUTE, self.mesh_axes(state), state.local_bytes)
+        return (c,), (c,)
+
+    @staticmethod
+    def mesh_axes(state: State) -> tuple[str, ...]:
+        """The mesh axes the `ppermute` runs over: those splitting the tensor, in the mesh's order."""
+        used = set(state.varying)
+        return tuple(n for n, _ in state.mesh if n in used)
+
+    def transpose(self, before: State) -> tuple["Action", ...]:
+        return (Permute(before.layout),)
+
+    def mapped(self, steps: Mapping[int, Step], mesh: Mapping[str, str], perm: tuple[int, ...]) -> "Permute":
+        layout = [()] * len(self.layout)
+        for a, axes in enumerate(self.layout):
+            layout[perm[a]] = _named(axes, mesh)
+        return Permute(tuple(layout))
+
+    def describe(self, before: State) -> str:
+        return (f"ppermute {'+'.join(self.mesh_axes(before))}: blocks dealt anew"
+                f"{traffic_text(*self.collectives(before), PPERMUTE)}   -> {spec_of(self.layout)}")
+
+
+@dataclass(frozen=True)
 class Branch:
     """A sum: each term's actions from the same layout, ending in one layout."""
 
@@ -687,6 +762,6 @@ def _named(axes: tuple[str, ...], mesh: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(mesh[m] for m in axes)
 
 
-Action = Union[StepAction, AllToAll, Split, Gather, Branch]
+Action = Union[StepAction, AllToAll, Split, Gather, Permute, Branch]
 ACTIONS = (Local, ReducePsum, HaloExchange, ColumnParallel, GatherColumnParallel, RowParallel, RowParallelScatter,
-           AllToAll, Split, Gather, Branch)  # every kind of action, as a plan's JSON names them
+           AllToAll, Split, Gather, Permute, Branch)  # every kind of action, as a plan's JSON names them

@@ -28,7 +28,8 @@ import math
 from typing import Callable, Iterator, Mapping
 
 from ..layout import Layout
-from .actions import AllToAll, Enter, Exit, Local, NextTerm, Split, State, StepAction, fold, mapped_route, runs_as_is
+from .actions import (AllToAll, Enter, Exit, Local, NextTerm, Permute, Split, State, StepAction, fold, mapped_route,
+                      runs_as_is)
 from .bound import LowerBound
 from .context import Context
 from .cost import CostModel
@@ -171,7 +172,7 @@ class Search(LowerBound):
 
     def __init__(self, mesh_shape, cost: CostModel, shard_weights: bool | str = "auto",
                  exhaustive: bool = False, max_states: int = MAX_STATES, pinned: Mapping | None = None,
-                 *, tables: Tables | None = None):
+                 *, permutes: bool = False, tables: Tables | None = None):
         self.pinned = dict(pinned or {})  # weight name -> the mesh axes splitting each of its axes
         self.mesh = tuple(mesh_shape.items())
         self.mesh_sizes = dict(mesh_shape)
@@ -179,6 +180,9 @@ class Search(LowerBound):
         self.mesh_used = tuple(sorted((size for size in self.mesh_sizes.values() if size > 1), reverse=True))
         self.cost, self.shard_weights = cost, shard_weights
         self.exhaustive, self.max_states = exhaustive, max_states
+        if permutes and not exhaustive:
+            raise ValueError("Search: permutes=True needs exhaustive=True (the lower bound knows no Permute)")
+        self.permutes = permutes
         self._expanded = 0
         self.split_counts = {math.prod(c) for k in range(1, len(self.mesh) + 1)
                              for c in itertools.combinations(self.mesh_sizes.values(), k)}
@@ -264,8 +268,8 @@ class Search(LowerBound):
     def sub(self, pinned: Mapping) -> "Search":
         """A search of its own on the same mesh and cost model, sharing this one's tables,
         with the weights in `pinned` pinned."""
-        search = Search(self.mesh_sizes, self.cost, self.shard_weights, max_states=self.max_states, pinned=pinned,
-                        tables=self.tables)
+        search = Search(self.mesh_sizes, self.cost, self.shard_weights, self.exhaustive, self.max_states, pinned,
+                        permutes=self.permutes, tables=self.tables)
         self._subs.append(search)
         return search
 
@@ -763,9 +767,10 @@ class Search(LowerBound):
 
     def step_moves(self, place: tuple, step: Step | None, here: State) -> list:
         """`(action, next layout, cost, moved, frees)` of each way `step` can run from `here`
-        (`place`: its sizes, itemsize and layout), or for None each `AllToAll` and `Split`
-        (`moved`: the mesh axes and source axis of an `AllToAll`; `frees`: whether it moves
-        to an unpadded layout); shared by the searches of one plan."""
+        (`place`: its sizes, itemsize and layout), or for None each `AllToAll`, `Split` and,
+        in a search with them, `Permute` (`moved`: the mesh axes and source axis of an
+        `AllToAll`; `frees`: whether it moves to an unpadded layout); shared by the
+        searches of one plan."""
         pin = self.pinned.get(step.leaf.name) if step is not None and step.weighted else None
         key = place + (step, pin)
         found = self.tables.moves.get(key)
@@ -774,8 +779,8 @@ class Search(LowerBound):
             if step is not None:
                 for action in self.forms(step, here):
                     found.append((action, self.intern(action.after(here)), self.price(action, here), None, False))
-            for action in (() if step is not None else itertools.chain(AllToAll.candidates(here),
-                                                                         Split.candidates(here))):
+            movers = (AllToAll, Split) + ((Permute,) if self.permutes else ())
+            for action in (() if step is not None else itertools.chain(*(m.candidates(here) for m in movers))):
                 nlay = self.intern(action.after(here))
                 moved = (action.axes, action.src) if isinstance(action, AllToAll) else None
                 frees = not self.state(here.sizes, here.itemsize, nlay).any_padded
