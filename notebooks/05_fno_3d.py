@@ -23,7 +23,8 @@
 # it, per device, on 1 to 8 devices.
 #
 # `PAROP_NOTEBOOK_STEPS` sets the number of training steps: 300 by default (the full
-# run, whose outputs are saved with this notebook); the test suite runs it with 20.
+# run, whose outputs are saved with this notebook); the test suite runs it with 20, and
+# with 100 samples instead of 500 (`PAROP_NOTEBOOK_SAMPLES`).
 
 # %%
 import os
@@ -42,6 +43,7 @@ from parop.datasets import darcy_flow
 from parop.nn import FNO, UnitGaussianNormalizer, evaluate, fit, relative_l2
 
 STEPS = int(os.environ.get("PAROP_NOTEBOOK_STEPS", 300))
+SAMPLES = int(os.environ.get("PAROP_NOTEBOOK_SAMPLES", 500))
 plt.rcParams.update({"figure.dpi": 70, "font.size": 8})
 warnings.filterwarnings("ignore", message="IProgress not found")  # no ipywidgets: tqdm draws a text bar
 print(f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} devices, {STEPS} training steps")
@@ -56,10 +58,11 @@ print(f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} 
 
 # %%
 start = time.perf_counter()
-a, u = darcy_flow(500, 24, dim=3, seed=0)
+a, u = darcy_flow(SAMPLES, 24, dim=3, seed=0)
 print(f"a: {a.shape}, u: {u.shape}, generated in {time.perf_counter() - start:.1f} s;  "
       f"a takes {np.unique(np.asarray(a))}, u at most {float(u.max()):.4f}")
-a_train, u_train, a_test, u_test = a[:400], u[:400, None], a[400:], u[400:, None]
+train = SAMPLES * 4 // 5
+a_train, u_train, a_test, u_test = a[:train], u[:train, None], a[train:], u[train:, None]
 a_norm, u_norm = UnitGaussianNormalizer.fit(a_train), UnitGaussianNormalizer.fit(u_train)
 x_train, x_test = a_norm.encode(a_train)[:, None], a_norm.encode(a_test)[:, None]
 

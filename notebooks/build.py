@@ -7,8 +7,9 @@ to bottom and saved with its outputs.
 The sources are jupytext percent-format scripts (`# %%` code cells, `# %% [markdown]`
 text cells): edit them, never the `.ipynb`. The kernel runs this interpreter, with the
 repository root on its `PYTHONPATH`, so the notebooks run from a checkout without
-installing `parop`. Leave `PAROP_NOTEBOOK_STEPS` unset: the committed notebooks show a
-full run (1200 FNO training steps in 04, 300 in 05), not the test suite's quick mode.
+installing `parop`. Leave `PAROP_NOTEBOOK_STEPS` and `PAROP_NOTEBOOK_SAMPLES` unset:
+the committed notebooks show a full run (1200 FNO training steps in 04, 300 in 05),
+not the test suite's quick mode.
 This is `jupytext --to ipynb --execute` without nbconvert, with each cell's streams
 merged (a progress bar is one output), cell ids numbered, not random, and no
 timestamps in the cells' metadata (a rebuild's diff shows what changed).
@@ -43,8 +44,9 @@ def execute(source: Path, timeout: int = 3600) -> nbformat.NotebookNode:
 
 
 def main(only: list[str]) -> None:
-    if "PAROP_NOTEBOOK_STEPS" in os.environ:
-        sys.exit("unset PAROP_NOTEBOOK_STEPS: the committed notebooks show the full run")
+    for name in ("PAROP_NOTEBOOK_STEPS", "PAROP_NOTEBOOK_SAMPLES"):
+        if name in os.environ:
+            sys.exit(f"unset {name}: the committed notebooks show the full run")
     for source in SOURCES:
         if only and not any(o in source.stem for o in only):
             continue

@@ -1,5 +1,5 @@
 """The tutorial notebooks run top to bottom from their sources (`notebooks/NN_name.py`,
-jupytext percent format) in a quick mode (20 FNO training steps), and each committed
+jupytext percent format) in a quick mode (20 FNO training steps on 100 samples), and each committed
 `NN_name.ipynb` is its source's cells with the outputs of a full run (what
 `python notebooks/build.py` writes), small enough to keep in git.
 
@@ -26,7 +26,7 @@ NOTEBOOK_DIR = ROOT / "notebooks"
 SOURCES = sorted(NOTEBOOK_DIR.glob("[0-9]*.py"))
 KERNEL = "parop-notebooks"
 CELL_TIMEOUT = 300  # seconds per cell
-QUICK_STEPS = "20"
+QUICK_STEPS, QUICK_SAMPLES = "20", "100"
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,7 @@ def kernel_manager(tmp_path_factory):
     prefix = tmp_path_factory.mktemp("jupyter")
     env = {
         "PAROP_NOTEBOOK_STEPS": QUICK_STEPS,
+        "PAROP_NOTEBOOK_SAMPLES": QUICK_SAMPLES,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     install(kernel_name=KERNEL, prefix=str(prefix), env=env)
