@@ -1,6 +1,8 @@
-"""Two operators distributed apart on one mesh, laid out differently, then combined:
-parop's combination (a planned repartition between the programs) against the same two
-programs with the move left to XLA, side by side in one run.
+"""Data moved between layouts on one mesh: two operators distributed apart, laid out
+differently, then combined (parop's combination: a planned repartition between the
+programs), and an output whose mesh axes trade tensor axes (parop's plan deals blocks
+anew with a `ppermute`), each against the same programs with the move left to XLA,
+side by side in one run.
 
     python -m benchmarks.combine [--quick]
 
@@ -11,7 +13,12 @@ forced CPU devices, complex64, inputs `n x n`:
 - **sum**: `(D1 + D2) @ x` (parop moves `x` to D2's layout and D2's output to D1's) against
   `D1 @ x + D2 @ x` (jnp's `+` of the two outputs: XLA picks where to add them);
 - **product**: `(D2 @ D1) @ x` (parop moves D1's output to D2's layout) against
-  `D2 @ (D1 @ x)` (XLA moves it as D2's program takes its input).
+  `D2 @ (D1 @ x)` (XLA moves it as D2's program takes its input);
+- **trade**: `DFT(4)` on axis 0 of a `4 x n²/4` tensor (a batch of small DFTs) from
+  `P("b", "a")` to `P("a", "b")`: axis 0 holds one mesh axis at a time and the DFT needs
+  it whole, so parop's plan is an `all_to_all`, the DFTs, a `ppermute` and an
+  `all_to_all`, against the plan that ends where it starts, then XLA's move to
+  `P("a", "b")` (`with_sharding_constraint`).
 
 Each candidate is jitted; its result is checked against NumPy in float64, its
 collectives and the bytes each device sends are read from the compiled HLO, and the
@@ -32,7 +39,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import AxisType, PartitionSpec as P  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,7 +49,8 @@ from parop.distributed.hlo import collectives  # noqa: E402
 
 
 def problems(n: int) -> list[tuple[str, list[tuple[str, object]], np.ndarray, tuple]]:
-    """`(problem, [(candidate, jitted f(θ, x))], reference, (θ, x))` for the sum and the product."""
+    """`(problem, [(candidate, jitted f(θ, x))], reference, (θ, x))` for the sum, the
+    product and the trade."""
     mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
     op1 = po.kron(po.DFT(n), po.Matrix(n, n, "complex64", name="w"))
     op2 = po.kron(po.Matrix(n, n, "complex64", name="v"), po.DFT(n))
@@ -55,13 +63,23 @@ def problems(n: int) -> list[tuple[str, list[tuple[str, object]], np.ndarray, tu
     F = np.fft.fft(np.eye(n))
     W, V, x64 = (np.asarray(a, np.complex128) for a in (θ["w"], θ["v"], x))
     y1 = F @ x64 @ W.T  # (DFT ⊗ W) x
+    traded = po.distribute(po.DFT(4), P("b", "a"), mesh=mesh, out_partition=P("a", "b"), batch_shape=(n * n // 4,))
+    staying = po.distribute(po.DFT(4), P("b", "a"), mesh=mesh, batch_shape=(n * n // 4,))
+    out = NamedSharding(mesh, P("a", "b"))
+    batch = draw(4, n * n // 4)
     return [
-        ("sum", [("parop: (D1 + D2) @ x", jax.jit(lambda θ, x: (D1 + D2)(θ) @ x)),
-                 ("XLA: D1 @ x + D2 @ x", jax.jit(lambda θ, x: D1(θ) @ x + D2(θ) @ x))],
+        (f"sum {n}x{n}",
+         [("parop: (D1 + D2) @ x", jax.jit(lambda θ, x: (D1 + D2)(θ) @ x)),
+          ("XLA: D1 @ x + D2 @ x", jax.jit(lambda θ, x: D1(θ) @ x + D2(θ) @ x))],
          y1 + V @ x64 @ F.T, (θ, jnp.asarray(x))),
-        ("product", [("parop: (D2 @ D1) @ x", jax.jit(lambda θ, x: (D2 @ D1)(θ) @ x)),
-                     ("XLA: D2 @ (D1 @ x)", jax.jit(lambda θ, x: D2(θ) @ (D1(θ) @ x)))],
+        (f"product {n}x{n}",
+         [("parop: (D2 @ D1) @ x", jax.jit(lambda θ, x: (D2 @ D1)(θ) @ x)),
+          ("XLA: D2 @ (D1 @ x)", jax.jit(lambda θ, x: D2(θ) @ (D1(θ) @ x)))],
          V @ y1 @ F.T, (θ, jnp.asarray(x))),
+        (f"trade 4x{n * n // 4}",
+         [("parop: D @ x", jax.jit(lambda θ, x: traded @ x)),
+          ("XLA: D0 @ x, then moved", jax.jit(lambda θ, x: jax.lax.with_sharding_constraint(staying @ x, out)))],
+         np.fft.fft(np.asarray(batch, np.complex128), axis=0), (θ, jnp.asarray(batch))),
     ]
 
 
@@ -71,7 +89,7 @@ def measure(n: int, rounds: int) -> list[dict]:
     and `error` (against NumPy)."""
     rows = []
     for problem, candidates, want, args in problems(n):
-        found = [dict(problem=f"{problem} {n}x{n}", candidate=name, error=rel_error(f(*args), want),
+        found = [dict(problem=problem, candidate=name, error=rel_error(f(*args), want),
                       **collectives(f.lower(*args).compile().as_text()), times=[]) for name, f in candidates]
         for _ in range(rounds):  # alternating, each call awaited
             for row, (_, f) in zip(found, candidates):

@@ -204,16 +204,18 @@ def test_the_chain_scan_draws_chains_in_the_planning_targets_scope():
 
 def test_the_combination_benchmark_compares_planned_moves_with_xlas():
     """`benchmarks/combine.py` at a small size: each candidate matches NumPy, parop's
-    combinations move their data with `all_to_all`s only, and its sum sends less than
-    the two programs added by jnp's `+` (XLA's move gathers whole arrays)."""
+    combinations move their data with `all_to_all`s only, its sum sends less than the
+    two programs added by jnp's `+` (XLA's move gathers whole arrays), and the trade
+    deals its blocks with one `collective-permute`."""
     from benchmarks.combine import markdown, measure
 
     rows = {(r["problem"].split()[0], r["candidate"].split(":")[0]): r for r in measure(16, rounds=1)}
-    assert set(rows) == {(p, c) for p in ("sum", "product") for c in ("parop", "XLA")}
+    assert set(rows) == {(p, c) for p in ("sum", "product", "trade") for c in ("parop", "XLA")}
     for (problem, candidate), row in rows.items():
         assert row["error"] < 1e-5, row  # complex64 against float64
         if candidate == "parop":
-            assert row["counts"]["all-gather"] == row["counts"]["collective-permute"] == 0, row
+            permutes = 1 if problem == "trade" else 0
+            assert row["counts"]["all-gather"] == 0 and row["counts"]["collective-permute"] == permutes, row
     assert rows["sum", "XLA"]["counts"]["all-gather"] == 2
     assert rows["sum", "parop"]["sent_bytes"] < rows["sum", "XLA"]["sent_bytes"]
     assert "| sum 16x16 | parop: (D1 + D2) @ x |" in markdown(list(rows.values()))
