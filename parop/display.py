@@ -10,6 +10,15 @@ from .operator import Operator
 from .operators import Leaf
 
 
+def fmt_bytes(n: float) -> str:
+    """`512 B`, `5.9 KiB`, `1.2 GiB`."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 def _leaf(op: Operator) -> str | None:
     """A leaf's label (each leaf says how it shows: `Leaf.describe`); None for a combinator."""
     return op.describe() if isinstance(op, Leaf) else None

@@ -11,17 +11,20 @@ import numpy as np
 
 from . import _dtypes
 from ._checks import batch_sizes
+from .display import fmt_bytes
 from .operator import Operator, Params, _reshaped
 from .params import check_key
 
 
-def to_dense(A: Operator, θ: Params | None = None) -> jax.Array:
+def to_dense(A: Operator, θ: Params | None = None, *, max_bytes: int = 2**30) -> jax.Array:
     """The `A.shape` matrix `M` of `A` (column j is `A` applied to the j-th unit vector
     of the C-order flattened domain).
 
     For a real-linear operator with a complex domain and a real range (the adjoint or
     inverse of a real `DFT`), `M` is the complex matrix with `A y == Re(M y)`; then
-    `to_dense(A.H) == to_dense(A).conj().T` holds for every operator.
+    `to_dense(A.H) == to_dense(A).conj().T` holds for every operator. A matrix of more
+    than `max_bytes` (1 GiB by default) is a `ValueError` rather than an allocation that
+    can take the machine's memory: pass a larger `max_bytes` to build it anyway.
 
     ```python
     >>> M = po.to_dense(po.DFT(4))
@@ -29,6 +32,16 @@ def to_dense(A: Operator, θ: Params | None = None) -> jax.Array:
     True
     ```
     """
+    if not isinstance(A, Operator):
+        raise TypeError(f"to_dense takes a parop operator, got {type(A).__name__}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 1:
+        raise ValueError(f"to_dense: max_bytes must be a positive int, got {max_bytes!r}")
+    dtype = np.result_type(A.dtype, A.range_dtype)
+    nbytes = A.range_size * A.domain_size * dtype.itemsize
+    if nbytes > max_bytes:
+        raise ValueError(f"to_dense({A!r}): its matrix is {A.range_size} x {A.domain_size} {dtype.name} "
+                         f"({fmt_bytes(nbytes)}), more than max_bytes={max_bytes} ({fmt_bytes(max_bytes)}); pass a "
+                         "larger max_bytes to build it")
     return _to_dense(A, θ)
 
 

@@ -363,3 +363,23 @@ def test_the_dot_test_refuses_what_would_pass_vacuously():
             po.testing.dot_test(po.DFT(4), key=key)
     assert po.testing.dot_test(po.DFT(4), key=jax.random.PRNGKey(3)) < 1e-6
     assert po.testing.dot_test(po.DFT(4), batch_shape=[np.int64(2)]) < 1e-6
+
+
+def test_the_dense_matrix_of_a_large_operator_is_refused_with_its_size():
+    """`po.to_dense(po.DFT(2**17))` asked XLA for a 128 GiB identity and matrix: an
+    allocation error where the memory is limited, and where it is not (overcommitted),
+    an out-of-memory kill of the process. Past `max_bytes` (1 GiB by default) it is a
+    `ValueError` naming the matrix's shape, dtype and size; `max_bytes` lets a larger
+    one through, and an operator of the wrong kind is a `TypeError`."""
+    with pytest.raises(ValueError, match=r"^to_dense\(DFT\(131072\)\): its matrix is 131072 x 131072 complex64 "
+                                         r"\(128\.0 GiB\), more than max_bytes=1073741824 \(1\.0 GiB\)"):
+        po.to_dense(po.DFT(2**17))
+    real_to_complex = po.DFT(4, "float64")  # a real domain, a complex range: a complex matrix
+    with pytest.raises(ValueError, match=r"its matrix is 3 x 4 complex128 \(192 B\), more than max_bytes=191"):
+        po.to_dense(real_to_complex, max_bytes=191)
+    assert po.to_dense(real_to_complex, max_bytes=np.int64(192)).shape == (3, 4)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"^to_dense: max_bytes must be a positive int"):
+            po.to_dense(po.DFT(4), max_bytes=bad)
+    with pytest.raises(TypeError, match=r"^to_dense takes a parop operator, got ndarray"):
+        po.to_dense(np.eye(4))

@@ -20,7 +20,12 @@ term running and the layout its terms start from and must end in. The moves
   not divide is padded with zeros (to less than twice its size); a padded axis takes
   only steps that act on each index alone, and is cropped when its split moves away;
 - split a replicated tensor axis over a free mesh axis (a local slice);
-- a sum runs its terms one after the other from the same layout to a common one.
+- a sum runs its terms one after the other from the same layout to a common one;
+- only where the moves above reach no output layout the goal accepts while some route
+  runs every step (`route`): a `ppermute` that deals the blocks anew, the same mesh
+  axes cutting each tensor axis into as many pieces (two mesh axes that must trade
+  tensor axes where none holds both), searched exhaustively: the lower bound below
+  does not count it.
 
 **What it costs** (`cost.py`): each collective's bytes sent per device plus
 `CostModel.latency_bytes`; for training (the default) every action forward and its
@@ -119,8 +124,8 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
         price, actions = search.run(prog, in_layout, goal)
         expanded = search.expanded
     except PlanningError as e:
-        price, actions, expanded = _dealt(e, prog, in_layout, mesh_shape, goal, cost, where, shard_weights, pinned,
-                                          search.expanded)
+        price, actions, expanded = _dealing_route(e, prog, in_layout, mesh_shape, goal, cost, where, shard_weights,
+                                                  pinned, search.expanded)
     placements = weight_uses(replay(actions, start(prog.shape, in_layout, prog.dtype, tuple(mesh_shape.items())))[0])
     shared = next(((name, specs) for name, specs in placements.items() if len(specs) > 1), None)
     if shared is not None:
@@ -142,8 +147,9 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
     return (price, actions, expanded) if with_cost else (actions, expanded)
 
 
-def _dealt(error: PlanningError, prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal: Goal,
-           cost: CostModel, where: str, shard_weights: bool | str, pinned: Mapping | None, expanded: int) -> tuple:
+def _dealing_route(error: PlanningError, prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
+                   goal: Goal, cost: CostModel, where: str, shard_weights: bool | str, pinned: Mapping | None,
+                   expanded: int) -> tuple:
     """`(cost, actions, states expanded)` of the cheapest route that deals blocks anew
     (`Permute`) where the search without it (`error`, after `expanded` states) proved
     that none ends where `goal` wants while some route runs every step: the exhaustive

@@ -15,7 +15,7 @@ Bytes sent per device, for a local operand of `S` bytes over a group of `g` devi
 | `psum` (all-reduce) | `2 S (g-1)/g` |
 | `psum_scatter` (reduce-scatter) | `S (g-1)/g` |
 | `all_gather` (of a local piece `S`) | `S (g-1)` |
-| `ppermute` (halo exchange, one direction) | `S` |
+| `ppermute` (a halo exchange one way, or blocks dealt anew) | `S` |
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ...display import fmt_bytes
 
 ALL_TO_ALL, PSUM, PSUM_SCATTER, ALL_GATHER, PPERMUTE = "all_to_all", "psum", "psum_scatter", "all_gather", "ppermute"
 KINDS = (ALL_TO_ALL, PSUM, PSUM_SCATTER, ALL_GATHER, PPERMUTE)
@@ -50,15 +52,6 @@ class Collective:
     kind: str
     axes: tuple[str, ...]
     bytes: float
-
-
-def fmt_bytes(n: float) -> str:
-    """`512 B`, `5.9 KiB`, `1.2 GiB`."""
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def traffic_text(fwd, bwd, own: str | None = None) -> str:

@@ -20,7 +20,8 @@ from ... import _dtypes
 from ...operator import Operator
 from ..layout import Layout, spec_of
 from .actions import ACTIONS, Action, Branch, State, StepAction
-from .cost import KINDS, Collective, CostModel, fmt_bytes
+from ...display import fmt_bytes
+from .cost import KINDS, Collective, CostModel
 from .program import Program, Slot, Step
 
 
