@@ -14,7 +14,9 @@ from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 import parop as po
 from parop.distributed.hlo import _instructions, collectives as hlo_collectives
 from parop.distributed.layout import sharding
+from parop.distributed.plan import Goal, program
 from parop.distributed.plan.actions import Permute
+from parop.distributed.plan.search import Search
 from parop.distributed.plan.plan import walk
 from parop.nn import FNO, dry_run
 from reference import close_to, dense, pairing, random_array, random_params, random_tree, serial_results
@@ -330,12 +332,13 @@ def test_mesh_axes_that_trade_tensor_axes_are_dealt_anew():
     way: `DFT(4)` with a batch of 8 from (4, 2) to `out_partition=(2, 4)` (d0 of 4 from
     axis 0 to the batch axis, d1 of 2 the other way, and the DFT needs axis 0 whole) had
     no plan ("no plan exists"): an `all_to_all` takes only the minor end of an axis. It
-    is one `ppermute` that deals the blocks anew (`Permute`, found by an exhaustive
-    search run only where the usual one proves there is no route to the output). Then
+    is one `ppermute` that deals the blocks anew (`Permute`, found by a search without a
+    lower bound, run only where the usual one proves there is no route to the output). Then
     random operator trees on random layouts of 2 x 4 and 2 x 2 x 2 meshes, Auto and
     Explicit, whose plans deal blocks: values, adjoint and gradients as the serial
-    operator's (float64 and complex128), and the compiled program's collectives and
-    bytes as the plan's (a `collective-permute` per `ppermute`)."""
+    operator's (float64 and complex128), the compiled program's collectives and bytes as
+    the plan's (a `collective-permute` per `ppermute`), and the search's cost as the
+    exhaustive search's with the same moves."""
     D = po.distribute(po.DFT(4, "complex128"), (4, 2), out_partition=(2, 4), batch_shape=(8,))
     assert D.out_sharding.spec == P("d1", "d0") and _dealing(D) == 1
     assert D.plan.collectives() == {"all_to_all": 2, "psum": 0, "psum_scatter": 0, "all_gather": 0, "ppermute": 1}
@@ -356,8 +359,9 @@ def test_mesh_axes_that_trade_tensor_axes_are_dealt_anew():
         dims = tuple(int(n) for n in rng.choice([2, 4, 6, 8], size=int(rng.integers(2, 4))))
         op = random_tree(rng, dims, dtype, 1, sizes=(2, 4, 8))
         spec_in, spec_out = _random_spec(rng, len(dims), names), _random_spec(rng, len(op.range_shape), names)
+        shard = ["auto", True][draw // 4 % 2]
         try:
-            D = po.distribute(op, spec_in, mesh=mesh, out_partition=spec_out)
+            D = po.distribute(op, spec_in, mesh=mesh, out_partition=spec_out, shard_weights=shard)
         except ValueError as e:
             assert "no plan exists" in str(e) or "cannot be split" in str(e) or "divide" in str(e), e
             continue
@@ -375,6 +379,12 @@ def test_mesh_axes_that_trade_tensor_axes_are_dealt_anew():
             for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(want["grads"])):
                 close_to(got, ref)
             compiled = run.lower(θ, x).compile().as_text()
+        # the search that found it (Dijkstra's, with forced steps and no back-to-back moves) is as cheap
+        # as Dijkstra's over every state
+        prog, goal = program(op, dims), Goal.layout(D.plan.out_layout)
+        fast, exact = (Search(dict(mesh.shape), D.cost, shard, exhaustive=exhaustive, permutes=True).run(
+            prog, D.plan.in_layout, goal)[0] for exhaustive in (False, True))
+        assert fast == exact, (fast, exact, D.plan)
         found = hlo_collectives(compiled)
         plan = D.plan.collectives()
         assert found["counts"]["collective-permute"] == plan.get("ppermute", 0), (found, D.plan)

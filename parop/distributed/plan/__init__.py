@@ -24,8 +24,8 @@ term running and the layout its terms start from and must end in. The moves
 - only where the moves above reach no output layout the goal accepts while some route
   runs every step (`route`): a `ppermute` that deals the blocks anew, the same mesh
   axes cutting each tensor axis into as many pieces (two mesh axes that must trade
-  tensor axes where none holds both), searched exhaustively: the lower bound below
-  does not count it.
+  tensor axes where none holds both), searched by Dijkstra's algorithm with the
+  reductions 2 and 3 below: the lower bound does not count it.
 
 **What it costs** (`cost.py`): each collective's bytes sent per device plus
 `CostModel.latency_bytes`; for training (the default) every action forward and its
@@ -152,8 +152,8 @@ def _dealing_route(error: PlanningError, prog: Program, in_layout: Layout, mesh_
                    expanded: int) -> tuple:
     """`(cost, actions, states expanded)` of the cheapest route that deals blocks anew
     (`Permute`) where the search without it (`error`, after `expanded` states) proved
-    that none ends where `goal` wants while some route runs every step: the exhaustive
-    search with `Permute` moves (its lower bound does not know them). Otherwise, or if
+    that none ends where `goal` wants while some route runs every step: the search with
+    `Permute` moves (Dijkstra's: the lower bound does not know them). Otherwise, or if
     that finds none, the `ValueError` saying why."""
     if error.gave_up or goal is Goal.any():
         raise _no_plan(error, prog, in_layout, mesh_shape, where) from None
@@ -162,7 +162,7 @@ def _dealing_route(error: PlanningError, prog: Program, in_layout: Layout, mesh_
         anywhere.run(prog, in_layout, Goal.any())
     except PlanningError:
         raise _no_plan(error, prog, in_layout, mesh_shape, where) from None
-    dealing = Search(mesh_shape, cost, shard_weights, exhaustive=True, pinned=pinned, permutes=True)
+    dealing = Search(mesh_shape, cost, shard_weights, pinned=pinned, permutes=True)
     try:
         price, actions = dealing.run(prog, in_layout, goal)
     except PlanningError as e:

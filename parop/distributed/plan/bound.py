@@ -145,7 +145,7 @@ class LowerBound:
         operators), each raised where no mesh axis can come or go by the moves the terms
         make to the exit (`regrouping`), and the program on from an exit that far
         (`tails`); the larger of this and the bound above is returned."""
-        if self.exhaustive:
+        if self.exhaustive or self.permutes:
             return 0.0
         fr, ctx, done, lay = state
         if fr is None:

@@ -8,11 +8,15 @@ running, the layout the terms start from and the one they must end in). A sum's 
 run one after the other from the same entry layout; the first term's exit fixes the
 layout every other term must end in.
 
-Two searches share the moves and the costs:
+Three searches share the moves and the costs:
 
 - `exhaustive=True`, the oracle: Dijkstra's algorithm over every state;
 - the default, A* with three reductions, each exact (see `parop.distributed.plan`), its
-  lower bound `LowerBound` (`bound.py`), a base class of `Search`.
+  lower bound `LowerBound` (`bound.py`), a base class of `Search`;
+- `permutes=True`, with `Permute` moves too: Dijkstra's algorithm (the lower bound
+  counts no `Permute`) with the two reductions that stay exact with them (forced
+  steps: a `Permute` costs the bytes of the block it deals, no less on a larger
+  tensor; no back-to-back moves of the same mesh axes), on the whole program.
 
 For a chain (a program with barriers), `Search.chain` runs a dynamic programming over
 the layouts where one operator hands over to the next, each operator's exits found by
@@ -180,9 +184,7 @@ class Search(LowerBound):
         self.mesh_used = tuple(sorted((size for size in self.mesh_sizes.values() if size > 1), reverse=True))
         self.cost, self.shard_weights = cost, shard_weights
         self.exhaustive, self.max_states = exhaustive, max_states
-        if permutes and not exhaustive:
-            raise ValueError("Search: permutes=True needs exhaustive=True (the lower bound knows no Permute)")
-        self.permutes = permutes
+        self.permutes = permutes  # with `Permute` moves: no lower bound (it knows none), so Dijkstra's search
         self._expanded = 0
         self.split_counts = {math.prod(c) for k in range(1, len(self.mesh) + 1)
                              for c in itertools.combinations(self.mesh_sizes.values(), k)}
@@ -298,7 +300,7 @@ class Search(LowerBound):
                 gc.enable()
 
     def _run(self, root: Context, entries: list, goal: Goal, after: bool = False):
-        if not self.exhaustive and len(root.segments) > 1 and not self.whole(root):
+        if not self.exhaustive and not self.permutes and len(root.segments) > 1 and not self.whole(root):
             return self.chain(root, entries[0], goal)
         for cost, state, back, _ in self.explore(root, entries, goal, after):
             if state is not None:
