@@ -69,7 +69,9 @@ def dot_test(A: Operator, θ: Params | None = None, key: jax.Array | None = None
     """The relative mismatch `|<A x, y> - <x, A.H y>| / max(|<A x, y>|, |<x, A.H y>|)`
     for random `x`, `y`, with `<u, v> = sum(conj(u) * v)`, real parts where the domain
     or the range is real, summed in at least float32 (a bfloat16 sum of many terms
-    would lose the answer). About the dtype's rounding error for a correct adjoint.
+    would lose the answer). About the dtype's rounding error for a correct adjoint,
+    times the inner product's cancellation (`sum |terms| / |<A x, y>|`, now and then
+    10⁴ for small operators: a float64 mismatch of 1e-12 is then rounding, not a bug).
     `batch_shape` adds trailing batch axes to `x` and `y` (a distributed operator whose
     partition names batch axes needs them).
 
