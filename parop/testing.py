@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _dtypes
-from ._checks import batch_sizes
+from ._checks import batch_sizes, positive_int
 from .display import fmt_bytes
 from .operator import Operator, Params, _reshaped
 from .params import check_key
@@ -34,8 +34,7 @@ def to_dense(A: Operator, θ: Params | None = None, *, max_bytes: int = 2**30) -
     """
     if not isinstance(A, Operator):
         raise TypeError(f"to_dense takes a parop operator, got {type(A).__name__}")
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 1:
-        raise ValueError(f"to_dense: max_bytes must be a positive int, got {max_bytes!r}")
+    max_bytes = positive_int(max_bytes, "max_bytes", "to_dense")
     dtype = np.result_type(A.dtype, A.range_dtype)
     nbytes = A.range_size * A.domain_size * dtype.itemsize
     if nbytes > max_bytes:
