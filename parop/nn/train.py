@@ -125,7 +125,8 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
         prefetch: bool = True) -> tuple[Params, np.ndarray]:
     """Trains `model.apply` with Adam (`lr`, cosine decay to 0 over `steps`) on the
     relative L2 loss of `decode(model.apply(θ, a_batch))` against `u_batch`; returns the
-    trained parameters and the loss at every step. `place` puts each batch where the
+    trained parameters (laid out as `θ` came in) and the loss at every step. The step
+    compiles once. `place` puts each batch where the
     model wants it (e.g. the distributed model's input sharding); `callback(step, loss)`
     runs after each step (its loss read, so the step has finished).
 
@@ -178,7 +179,7 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
     optimizer = optax.adam(optax.cosine_decay_schedule(lr, steps))
     loss = lambda θ, x, y: relative_l2(decode(model.apply(θ, x)), y)
     θr = as_real(θ)
-    state = optimizer.init(θr)
+    state = _placed_for_steps(optimizer.init(θr), θr)
     losses = np.empty(steps)
     run = {"steps": int(steps), "batch": int(batch), "lr": float(lr), "seed": int(seed), "samples": n}
     start = 0 if checkpoint is None else ckpt.latest_step(checkpoint) or 0
@@ -199,7 +200,25 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
             callback(i, losses[i])
         if checkpoint is not None and ((i + 1) % every == 0 or i + 1 == steps):
             ckpt.save(checkpoint, _training_state(as_complex(θr, θ), state, losses[:i + 1], run), step=i + 1, keep=2)
-    return as_complex(θr, θ), losses
+    return _placed_like(as_complex(θr, θ), θ), losses
+
+
+def _placed_for_steps(state, θr: Params):
+    """The optimiser state with every leaf that sits uncommitted on one device (Adam's step
+    count) replicated over the parameters' mesh, where the jitted step returns it: a leaf
+    placed otherwise on the second call would compile the step a second time."""
+    meshes = {leaf.sharding.mesh for leaf in jax.tree.leaves(θr) if isinstance(leaf.sharding, jax.NamedSharding)}
+    if not meshes:  # a serial model: its step takes and returns uncommitted arrays
+        return state
+    replicated = jax.NamedSharding(meshes.pop(), jax.P())
+    return jax.tree.map(lambda leaf: leaf if leaf.committed else jax.device_put(leaf, replicated), state)
+
+
+def _placed_like(trained: Params, θ: Params) -> Params:
+    """`trained` with each committed leaf of `θ`'s sharding, spelled as `θ` spells it: the
+    view back from real to complex drops a spec's trailing `None`s, and a program jitted
+    on `θ` would compile again for the same layout spelled otherwise."""
+    return {k: jax.device_put(v, θ[k].sharding) if getattr(θ[k], "committed", False) else v for k, v in trained.items()}
 
 
 def _check_data(where: str, model, a, u, batch: int) -> int:
