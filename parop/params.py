@@ -165,7 +165,8 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     operator's weights (and those of what combines distributed operators) are each drawn
     where they live (the first program that takes them keeps them there): a jitted
     initialiser whose output sharding is the weight's, so each device computes only its
-    own shard.
+    own shard. The initialisers are kept on the operator: drawn again (another key),
+    nothing compiles.
 
     ```python
     >>> S = po.kron(po.Matrix(50, 50, name="mix"), po.Identity(30), po.Identity(10))
@@ -175,9 +176,13 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     if not isinstance(op, Operator):
         raise TypeError(f"po.init takes a parop operator, got {type(op).__name__}")
     check_key(key, f"po.init({op!r})")
-    shardings = op.named._init_shardings() if op.distributed else {}
-    return {name: jax.jit(leaf.init_param, out_shardings=shardings.get(name))(name_key(key, name))
-            for name, leaf in op.parameters.items()}
+
+    def make():
+        shardings = op.named._init_shardings() if op.distributed else {}
+        return {name: jax.jit(leaf.init_param, out_shardings=shardings.get(name))
+                for name, leaf in op.parameters.items()}
+
+    return {name: draw(name_key(key, name)) for name, draw in op._cache("_initializers", make).items()}
 
 
 def check_params(op: Operator, θ: Mapping) -> None:

@@ -29,6 +29,16 @@ def test_init_names_sharing_and_determinism():
     np.testing.assert_array_equal(po.init(M, jax.random.key(0))["mix"], θ["mix"])
 
 
+def test_init_drawn_again_compiles_nothing(caplog):
+    # each weight's jitted initialiser is kept on the operator, serial or distributed
+    for op in (po.kron(po.Matrix(4, 4, name="mix"), po.Diagonal(8)),
+               po.distribute(po.kron(po.Matrix(4, 4, name="mix"), po.Diagonal(8)), (2, 4), shard_weights=True)):
+        po.init(op, jax.random.key(0))
+        with jax.log_compiles(), caplog.at_level("WARNING"):
+            po.init(op, jax.random.key(1))
+        assert not [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling")]
+
+
 def test_same_explicit_name_is_one_weight():
     a, b = po.Matrix(3, 3, name="w"), po.Matrix(3, 3, name="w")
     op = a @ b
