@@ -302,6 +302,13 @@ class Operator:
         return html(self)
 
 
+def check_operator(value, where: str) -> None:
+    """A `TypeError` naming `where` unless `value` is a parop operator (what `po.init`,
+    `to_dense` and `dot_test` take)."""
+    if not isinstance(value, Operator):
+        raise TypeError(f"{where} takes a parop operator, got {type(value).__name__}")
+
+
 class Bound:
     """An operator together with its parameters: what `A(θ)` returns. A pytree whose
     leaves are θ's arrays (and the operator's traced scalars), so it goes through

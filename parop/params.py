@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from . import _dtypes
-from .operator import Operator, map_children
+from .operator import Operator, check_operator, map_children
 from .operators.base import Leaf
 
 
@@ -173,8 +173,7 @@ def init(op: Operator, key: jax.Array) -> dict[str, jax.Array]:
     >>> θ = po.init(S, jax.random.key(0))      # {"mix": Array (50, 50) float32}
     ```
     """
-    if not isinstance(op, Operator):
-        raise TypeError(f"po.init takes a parop operator, got {type(op).__name__}")
+    check_operator(op, "po.init")
     check_key(key, f"po.init({op!r})")
 
     def make():

@@ -12,7 +12,7 @@ import numpy as np
 from . import _dtypes
 from ._checks import batch_sizes, positive_int
 from .display import fmt_bytes
-from .operator import Operator, Params, _reshaped
+from .operator import Operator, Params, _reshaped, check_operator
 from .params import check_key
 
 
@@ -32,8 +32,7 @@ def to_dense(A: Operator, θ: Params | None = None, *, max_bytes: int = 2**30) -
     True
     ```
     """
-    if not isinstance(A, Operator):
-        raise TypeError(f"to_dense takes a parop operator, got {type(A).__name__}")
+    check_operator(A, "to_dense")
     max_bytes = positive_int(max_bytes, "max_bytes", "to_dense")
     dtype = np.result_type(A.dtype, A.range_dtype)
     nbytes = A.range_size * A.domain_size * dtype.itemsize
@@ -79,8 +78,7 @@ def dot_test(A: Operator, θ: Params | None = None, key: jax.Array | None = None
     True
     ```
     """
-    if not isinstance(A, Operator):
-        raise TypeError(f"dot_test takes a parop operator, got {type(A).__name__}")
+    check_operator(A, "dot_test")
     batch_shape = batch_sizes(batch_shape, "dot_test: batch_shape")  # an empty batch would pass vacuously
     kx, ky = jax.random.split(jax.random.key(0) if key is None else check_key(key, "dot_test"))
     x = _normal_at_least(kx, A.domain_size * math.prod(batch_shape), A.dtype)
