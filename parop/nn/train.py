@@ -211,14 +211,16 @@ def _placed_for_steps(state, θr: Params):
     if not meshes:  # a serial model: its step takes and returns uncommitted arrays
         return state
     replicated = jax.NamedSharding(meshes.pop(), jax.P())
-    return jax.tree.map(lambda leaf: leaf if leaf.committed else jax.device_put(leaf, replicated), state)
+    return jax.tree.map(lambda leaf: leaf if getattr(leaf, "committed", True) else jax.device_put(leaf, replicated),
+                        state)
 
 
 def _placed_like(trained: Params, θ: Params) -> Params:
     """`trained` with each committed leaf of `θ`'s sharding, spelled as `θ` spells it: the
     view back from real to complex drops a spec's trailing `None`s, and a program jitted
     on `θ` would compile again for the same layout spelled otherwise."""
-    return {k: jax.device_put(v, θ[k].sharding) if getattr(θ[k], "committed", False) else v for k, v in trained.items()}
+    return {k: jax.device_put(v, θ[k].sharding) if getattr(θ[k], "committed", False) else v
+            for k, v in trained.items()}
 
 
 def _check_data(where: str, model, a, u, batch: int) -> int:
