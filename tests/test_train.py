@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import parop as po
-from parop.nn import UnitGaussianNormalizer, evaluate, fit, relative_l2
+from parop.nn import FNO, UnitGaussianNormalizer, evaluate, fit, relative_l2
 
 C, M = 8, 8  # channels, modes
 
@@ -63,8 +63,6 @@ def test_fit_compiles_its_step_once_and_returns_the_weights_laid_out_as_given(ca
     # step replicated over the mesh: fit places it so at once, or the second step compiles
     # again. The trained weights come back with the shardings they came in, spelled alike
     # (the same layout spelled with fewer trailing Nones compiles a jitted program again).
-    from parop.nn import FNO
-
     model = FNO((16, 16), width=2, modes=(4, 4), layers=1).distribute((1, 1, 2, 4))  # spectral0: P(None, None, 'd3', None)
     a = np.random.default_rng(0).standard_normal((8, 1, 16, 16)).astype(np.float32)
     θ0 = model.init(jax.random.key(0))
@@ -73,6 +71,35 @@ def test_fit_compiles_its_step_once_and_returns_the_weights_laid_out_as_given(ca
     compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling jit(step)")]
     assert len(compiled) == 1, compiled
     assert {k: w.sharding for k, w in θ.items()} == {k: w.sharding for k, w in θ0.items()}
+
+
+def test_evaluating_an_fno_again_compiles_nothing_and_a_user_model_anew(caplog):
+    # A training loop evaluates every few steps: for parop's FNO with its normaliser's
+    # decode (or none) the program is kept. A user's model (here one whose weights' layout
+    # changes between calls without changing θ) gets a program of its own at each call.
+    model = FNO((16,), width=2, modes=(4,), layers=1)
+    a = np.random.default_rng(0).standard_normal((6, 1, 16)).astype(np.float32)
+    θ, norm = model.init(jax.random.key(0)), UnitGaussianNormalizer.fit(a)
+
+    def compiles(call) -> int:
+        caplog.clear()
+        with jax.log_compiles(), caplog.at_level("WARNING"):
+            call()
+        return len([r for r in caplog.records if r.getMessage().startswith("Compiling jit(error_sum)")])
+
+    for decode in (None, norm.decode):
+        first = evaluate(model, θ, a, a, batch=4, decode=decode)
+        assert compiles(lambda: evaluate(model, θ, a, a, batch=4, decode=decode)) == 0
+        assert evaluate(model, θ, a, a, batch=4, decode=decode) == first
+    assert compiles(lambda: evaluate(model, θ, a, a, batch=3)) == 1  # another batch size: another program
+
+    user = Tiny()
+    θu, (au, uu) = user.init(jax.random.key(0)), data(8)
+    before = evaluate(user, θu, au, uu, batch=4)
+    user.op = po.kron(po.Matrix(C, C, name="w"), po.Identity(M)) @ po.PerModeMatrix(C, C, (M,), name="s").H
+    after = evaluate(user, θu, au, uu, batch=4)
+    np.testing.assert_allclose(after, float(relative_l2(user.apply(θu, au), uu)), rtol=1e-6)
+    assert after != before
 
 
 A, U = data(6)

@@ -10,6 +10,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import jax
@@ -19,6 +20,7 @@ import optax
 
 from .. import checkpoint as ckpt
 from .._checks import int_at_least, is_int
+from .fno import FNO
 
 Params = dict[str, jax.Array]
 
@@ -42,7 +44,7 @@ class Dataset(Protocol):
     def batch(self, indices: np.ndarray, sharding) -> tuple[jax.Array, jax.Array]: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed as itself: `evaluate` keeps a program per `decode`
 class UnitGaussianNormalizer:
     """Pointwise mean and standard deviation over the samples (axis 0), as in Li et al.
 
@@ -174,7 +176,7 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
         raise ValueError(f"fit: seed must be an int >= 0 (it draws the order of the samples), got seed={seed!r}")
     if batch > n:
         raise ValueError(f"fit: batch={batch} is larger than the data set ({n} samples): use batch <= {n}")
-    decode = decode or (lambda x: x)
+    decode = decode or _unchanged
     take = _take(model, a, u, place)
     optimizer = optax.adam(optax.cosine_decay_schedule(lr, steps))
     loss = lambda θ, x, y: relative_l2(decode(model.apply(θ, x)), y)
@@ -350,6 +352,33 @@ def _progress(total: int, initial: int = 0):
     return update
 
 
+def _unchanged(x: jax.Array) -> jax.Array:
+    """`decode` where none is given (one function, so that `evaluate`'s programs are kept)."""
+    return x
+
+
+def _keeps(model, decode: Callable) -> bool:
+    """Whether `evaluate` keeps its program for `model` and `decode`: parop's `FNO` (made
+    once for its settings: it keeps its plans too) with no `decode` or a frozen
+    `UnitGaussianNormalizer`'s, so a program traced for them stays right; a user's object
+    may change between calls."""
+    return isinstance(model, FNO) and (decode is _unchanged
+                                       or isinstance(getattr(decode, "__self__", None), UnitGaussianNormalizer))
+
+
+@lru_cache(maxsize=8)  # bounded: the programs of the latest (model, decode, batch)s
+def _error_program(model, decode: Callable, batch: int) -> Callable:
+    """The jitted `error_sum(θ, x, y, count)`: the sum of the relative errors of
+    `decode(model.apply(θ, x))` against `y` over the first `count` of `batch` samples."""
+
+    @jax.jit
+    def error_sum(θ, x, y, count):
+        errors = _relative_errors(decode(model.apply(θ, x)), y, "evaluate")
+        return jnp.sum(jnp.where(jnp.arange(batch) < count, errors, 0))
+
+    return error_sum
+
+
 def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *, batch: int,
              decode: Callable | None = None, place: Callable | None = None, prefetch: bool = True) -> float:
     """The relative L2 error of `decode(model.apply(θ, a))` against `u`: the mean over all
@@ -358,7 +387,11 @@ def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = No
     Every call gets `batch` samples: where the data do not fill the last one, it is
     filled up with the first samples, whose errors are not counted. So the model
     compiles once, a model with a fixed batch size works, and `batch` may exceed the
-    number of samples. At most `IN_FLIGHT` calls are queued at a time. `a` may be a
+    number of samples. For an `FNO` with no `decode` or a `UnitGaussianNormalizer`'s,
+    the program is kept (the latest 8 of them): evaluating again, as a training loop
+    does, compiles nothing. (Any other model or `decode` may change between calls, and
+    a kept program would not see it: each call compiles its own.) At most `IN_FLIGHT`
+    calls are queued at a time. `a` may be a
     `Dataset`, with no `u` (read as `fit` reads it, `prefetch` too).
 
     ```python
@@ -370,14 +403,9 @@ def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = No
     ```
     """
     n = _check_data("evaluate", model, a, u, batch)
-    decode = decode or (lambda x: x)
+    decode = decode or _unchanged
     take = _take(model, a, u, place)
-
-    @jax.jit
-    def error_sum(θ, x, y, count):
-        errors = _relative_errors(decode(model.apply(θ, x)), y, "evaluate")
-        return jnp.sum(jnp.where(jnp.arange(batch) < count, errors, 0))
-
+    error_sum = (_error_program if _keeps(model, decode) else _error_program.__wrapped__)(model, decode, batch)
     total, queued = 0.0, deque()
     starts = range(0, n, batch)
     batches = _batches(take, (np.arange(start, start + batch) % n for start in starts),
