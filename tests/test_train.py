@@ -130,6 +130,23 @@ def test_fit_and_evaluate_name_the_wrong_argument(call, message):
 
 
 @pytest.mark.parametrize("call, message", [
+    (lambda m, θ: fit(m, None, A, U, steps=3, batch=2), r"fit: θ must be a dict \{name: array\} .*got NoneType"),
+    (lambda m, θ: evaluate(m, [θ], A, U, batch=2), r"evaluate: θ must be a dict \{name: array\} .*got list"),
+    (lambda m, θ: fit(m, θ, A.tolist(), U, steps=3, batch=2), r"fit: a must be an array, .* or a data set, got list"),
+    (lambda m, θ: evaluate(m, θ, A, (), batch=2), r"evaluate: u must be an array, samples first \(NumPy or JAX\), "
+                                                  r"got tuple"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=2, decode=2.0), r"fit: decode must be a function \(or None\), "
+                                                                 r"got float"),
+    (lambda m, θ: fit(m, θ, A, U, steps=3, batch=2, callback="log"), r"fit: callback must be a function .*got str"),
+])
+def test_fit_and_evaluate_name_an_argument_of_the_wrong_type(call, message):
+    # before anything runs (a callback that is not a function failed after the first step)
+    model = Tiny()
+    with pytest.raises(TypeError, match=message):
+        call(model, model.init(jax.random.key(0)))
+
+
+@pytest.mark.parametrize("call, message", [
     (lambda m, θ: fit(m, θ, A, U, steps=3.0, batch=2), r"fit: steps must be an int, got steps=3.0 \(float\)"),
     (lambda m, θ: fit(m, θ, A, U, steps=3, batch=True), r"fit: batch must be an int, got batch=True \(bool\)"),
     (lambda m, θ: evaluate(m, θ, A, U, batch="2"), r"evaluate: batch must be an int, got batch='2' \(str\)"),

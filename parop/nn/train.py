@@ -11,7 +11,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
+from typing import Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -169,6 +169,7 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
     ```
     """
     n = _check_data("fit", model, a, u, batch)
+    _check_arguments("fit", θ, decode=decode, place=place, callback=callback)
     _check_counts("fit", steps=steps, every=every)
     if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < math.inf:
         raise ValueError(f"fit: lr must be a positive number, got lr={lr!r}")
@@ -239,11 +240,25 @@ def _check_data(where: str, model, a, u, batch: int) -> int:
         return len(a)
     if u is None:
         raise TypeError(f"{where}: u (the targets) is missing: pass a and u, or a data set (parop.datasets.open_store)")
+    for name, value in (("a", a), ("u", u)):
+        if not hasattr(value, "shape"):
+            raise TypeError(f"{where}: {name} must be an array, samples first (NumPy or JAX)"
+                            + (", or a data set" if name == "a" else "") + f", got {type(value).__name__}")
     if len(a) != len(u):
         raise ValueError(f"{where}: a and u must hold as many samples (axis 0), got len(a)={len(a)}, len(u)={len(u)}")
     if len(a) == 0:
         raise ValueError(f"{where}: no data: a and u hold 0 samples")
     return len(a)
+
+
+def _check_arguments(where: str, θ, **functions) -> None:
+    """`TypeError`s naming `where` and the argument for parameters that are not a dict
+    and for functions (`decode`, `place`, `callback`) that are neither None nor callable."""
+    if not isinstance(θ, Mapping):
+        raise TypeError(f"{where}: θ must be a dict {{name: array}} (model.init(key)), got {type(θ).__name__}")
+    for name, function in functions.items():
+        if function is not None and not callable(function):
+            raise TypeError(f"{where}: {name} must be a function (or None), got {type(function).__name__}")
 
 
 def _check_counts(where: str, **counts) -> None:
@@ -403,6 +418,7 @@ def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = No
     ```
     """
     n = _check_data("evaluate", model, a, u, batch)
+    _check_arguments("evaluate", θ, decode=decode, place=place)
     decode = decode or _unchanged
     take = _take(model, a, u, place)
     error_sum = (_error_program if _keeps(model, decode) else _error_program.__wrapped__)(model, decode, batch)
