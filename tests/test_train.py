@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import parop as po
-from parop.nn import FNO, UnitGaussianNormalizer, evaluate, fit, relative_l2
+from parop.nn import FNO, UnitGaussianNormalizer, as_complex, as_real, evaluate, fit, relative_l2
 
 C, M = 8, 8  # channels, modes
 
@@ -144,6 +144,18 @@ def test_fit_and_evaluate_name_an_argument_of_the_wrong_type(call, message):
     model = Tiny()
     with pytest.raises(TypeError, match=message):
         call(model, model.init(jax.random.key(0)))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: UnitGaussianNormalizer.fit([[1.0, 2.0]]), r"UnitGaussianNormalizer.fit: x must be an array .*got list"),
+    (lambda: relative_l2([1.0], np.ones(1)), r"relative_l2: the prediction must be an array .*got list"),
+    (lambda: relative_l2(np.ones(1), 1.0), r"relative_l2: the target must be an array .*got float"),
+    (lambda: as_real(None), r"as_real: θ must be a dict \{name: array\} .*got NoneType"),
+    (lambda: as_complex([], {}), r"as_complex: θ must be a dict .*got list"),
+])
+def test_the_training_helpers_name_an_argument_of_the_wrong_type(call, message):
+    with pytest.raises(TypeError, match=message):
+        call()
 
 
 @pytest.mark.parametrize("call, message", [

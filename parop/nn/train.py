@@ -64,6 +64,7 @@ class UnitGaussianNormalizer:
 
     @classmethod
     def fit(cls, x: jax.Array) -> "UnitGaussianNormalizer":
+        _check_array("UnitGaussianNormalizer.fit", "x", x)
         if not x.shape or x.shape[0] == 0:
             raise ValueError(f"UnitGaussianNormalizer.fit: needs samples along axis 0, got shape {x.shape}")
         return cls(jnp.mean(x, axis=0), jnp.std(x, axis=0))
@@ -86,6 +87,8 @@ def relative_l2(pred: jax.Array, target: jax.Array) -> jax.Array:
 def _relative_errors(pred: jax.Array, target: jax.Array, where: str) -> jax.Array:
     """`||pred - target|| / ||target||` of each sample (axis 0), after a `ValueError`
     naming `where` if their shapes differ."""
+    _check_array(where, "the prediction", pred)
+    _check_array(where, "the target", target)
     if pred.shape != target.shape:
         raise ValueError(f"{where}: the prediction {tuple(pred.shape)} and the target {tuple(target.shape)} must "
                          "have the same shape")
@@ -99,11 +102,13 @@ def as_real(θ: Params) -> Params:
     """Complex weights as real arrays with a trailing (real, imaginary) axis, so that an
     optimiser treats both parts as independent reals (as PyTorch's Adam does) and
     JAX's conjugated complex gradients never reach it."""
+    _check_params("as_real", θ)
     return {k: jnp.stack([v.real, v.imag], -1) if jnp.iscomplexobj(v) else v for k, v in θ.items()}
 
 
 def as_complex(θ: Params, like: Params) -> Params:
     """The inverse of `as_real`."""
+    _check_params("as_complex", θ)
     return {k: jax.lax.complex(v[..., 0], v[..., 1]) if jnp.iscomplexobj(like[k]) else v for k, v in θ.items()}
 
 
@@ -240,10 +245,8 @@ def _check_data(where: str, model, a, u, batch: int) -> int:
         return len(a)
     if u is None:
         raise TypeError(f"{where}: u (the targets) is missing: pass a and u, or a data set (parop.datasets.open_store)")
-    for name, value in (("a", a), ("u", u)):
-        if not hasattr(value, "shape"):
-            raise TypeError(f"{where}: {name} must be an array, samples first (NumPy or JAX)"
-                            + (", or a data set" if name == "a" else "") + f", got {type(value).__name__}")
+    _check_array(where, "a", a, ", samples first (NumPy or JAX), or a data set")
+    _check_array(where, "u", u, ", samples first (NumPy or JAX)")
     if len(a) != len(u):
         raise ValueError(f"{where}: a and u must hold as many samples (axis 0), got len(a)={len(a)}, len(u)={len(u)}")
     if len(a) == 0:
@@ -251,11 +254,23 @@ def _check_data(where: str, model, a, u, batch: int) -> int:
     return len(a)
 
 
+def _check_array(where: str, name: str, value, what: str = " (NumPy or JAX)") -> None:
+    """A `TypeError` naming `where` and `name` unless `value` is an array (it has a shape:
+    a nested list is not converted, its dtype would be a guess)."""
+    if not hasattr(value, "shape"):
+        raise TypeError(f"{where}: {name} must be an array{what}, got {type(value).__name__}")
+
+
+def _check_params(where: str, θ) -> None:
+    """A `TypeError` naming `where` unless `θ` is a dict of parameters."""
+    if not isinstance(θ, Mapping):
+        raise TypeError(f"{where}: θ must be a dict {{name: array}} (model.init(key)), got {type(θ).__name__}")
+
+
 def _check_arguments(where: str, θ, **functions) -> None:
     """`TypeError`s naming `where` and the argument for parameters that are not a dict
     and for functions (`decode`, `place`, `callback`) that are neither None nor callable."""
-    if not isinstance(θ, Mapping):
-        raise TypeError(f"{where}: θ must be a dict {{name: array}} (model.init(key)), got {type(θ).__name__}")
+    _check_params(where, θ)
     for name, function in functions.items():
         if function is not None and not callable(function):
             raise TypeError(f"{where}: {name} must be a function (or None), got {type(function).__name__}")
