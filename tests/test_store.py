@@ -115,6 +115,8 @@ def test_open_store_and_batch_name_bad_input(darcy, tmp_path):
         ds.batch([0, 4])
     with pytest.raises(ValueError, match=r"non-empty 1-D sequence of ints"):
         ds.batch([[0, 1]])
+    with pytest.raises(TypeError, match=r"sharding must be a jax.sharding.Sharding .*or None, got P\('d0'"):
+        ds.batch([0, 1], jax.sharding.PartitionSpec("d0"))
     sharding = FNO((S, S), width=4, modes=(4, 4), layers=1).distribute((2, 1, 2, 2)).in_sharding
     with pytest.raises(ValueError, match=r"batch \(3, 2, 8, 8\) of '/x' does not fit the sharding .*partitioned 2"):
         ds.batch([0, 1, 2], sharding)

@@ -182,6 +182,9 @@ class StoreDataset:
         if indices.min() < 0 or indices.max() >= len(self):
             raise ValueError(f"StoreDataset.batch: indices must lie in [0, {len(self)}), got "
                              f"{indices.min()} .. {indices.max()}")
+        if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
+            raise TypeError(f"StoreDataset.batch: sharding must be a jax.sharding.Sharding (a model's in_sharding) "
+                            f"or None, got {sharding!r}")
         return _read(self.inputs, indices, sharding), _read(self.targets, indices, sharding)
 
 
