@@ -14,10 +14,10 @@ import optax
 
 import parop as po
 from parop.nn import FNO, as_real, relative_l2
+from parop.nn.train import make_step
 
 from . import plain_fno
 from ._harness import Candidate, Group, Run
-from ._train import adam_step
 
 
 def groups(run: Run) -> list[Group]:
@@ -44,14 +44,14 @@ def _group(grid, width, modes, batch, partition, layers) -> Group:
 
     def parop_step(m):
         θm = jax.device_put(θ, m.param_shardings()) if m.distributed else θ  # m.init(key), placed as it places them
-        step = adam_step(lambda θ, x, y: relative_l2(m.apply(θ, x), y), optimizer, θm)
+        step = make_step(lambda θ, x, y: relative_l2(m.apply(θ, x), y), optimizer, θm)
         θr = as_real(θm)
         state = optimizer.init(θr)
         return lambda x, y: step(θr, state, x, y)[2]
 
     plain = plain_fno.params_from_parop(θ, layers)
     plain_loss = lambda p, x, y: relative_l2(plain_fno.apply(p, x[:, 0])[:, None], y)  # noqa: E731
-    plain_step = adam_step(plain_loss, optimizer)
+    plain_step = make_step(plain_loss, optimizer)
     plain_state = optimizer.init(plain)
 
     serial, distributed, bytes_only = parop_step(model), parop_step(dist), parop_step(by_bytes)

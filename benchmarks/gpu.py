@@ -66,7 +66,6 @@ import parop as po  # noqa: E402
 from benchmarks import plain_fno  # noqa: E402
 from benchmarks._harness import Candidate, Group, fmt_bytes, fmt_time, run_group, table, timing_rows  # noqa: E402
 from benchmarks._report import machine  # noqa: E402
-from benchmarks._train import adam_step  # noqa: E402
 from parop.nn import FNO, as_real, dry_run, relative_l2  # noqa: E402
 from parop.nn.train import make_step  # noqa: E402
 
@@ -228,7 +227,7 @@ def fno_steps(case: dict, names: tuple[str, ...] | None = None) -> tuple[dict[st
         θm = jax.device_put(θ, m.param_shardings()) if m.distributed else θ
         x, y = (jax.device_put(v, m.in_sharding) for v in (a, u)) if m.distributed else (a, u)
         θr = as_real(θm)
-        return adam_step(lambda θ, x, y: relative_l2(m.apply(θ, x), y), optimizer, θm), (θr, optimizer.init(θr), x, y)
+        return make_step(lambda θ, x, y: relative_l2(m.apply(θ, x), y), optimizer, θm), (θr, optimizer.init(θr), x, y)
 
     plain = plain_fno.params_from_parop(θ, layers)
     plain_loss = lambda p, x, y: relative_l2(plain_fno.apply(p, x[:, 0])[:, None], y)  # noqa: E731
@@ -236,7 +235,7 @@ def fno_steps(case: dict, names: tuple[str, ...] | None = None) -> tuple[dict[st
     builders = {"parop serial": lambda: parop_step(model),
                 "parop serial, remat=True": lambda: parop_step(remat),
                 "parop, one-device mesh": lambda: parop_step(model.distribute((1,) * (2 + len(grid)), batch=batch)),
-                "plain JAX FNO": lambda: (adam_step(plain_loss, optimizer), (plain, optimizer.init(plain), a, u))}
+                "plain JAX FNO": lambda: (make_step(plain_loss, optimizer), (plain, optimizer.init(plain), a, u))}
     steps = {name: build() for name, build in builders.items() if names is None or name in names}
     return steps, float(plain_loss(plain, a, u))
 

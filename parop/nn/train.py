@@ -113,12 +113,21 @@ def as_complex(θ: Params, like: Params) -> Params:
 
 
 def make_step(loss: Callable[[Params, jax.Array, jax.Array], jax.Array], optimizer: optax.GradientTransformation,
-              like: Params):
-    """A jitted `step(θr, state, x, y) -> (θr, state, loss)` on real-view parameters."""
+              like: Params | None = None):
+    """A jitted `step(θr, state, x, y) -> (θr, state, loss)`: with `like` (parameters with
+    complex weights), `θr` is their real view (`as_real(like)`) and `loss` is given
+    `as_complex(θr, like)`, as `fit` trains; without, `loss` is given `θr` as it is.
+
+    ```python
+    step = make_step(lambda θ, x, y: relative_l2(model.apply(θ, x), y), optax.adam(1e-3), θ)
+    θr, state, value = step(as_real(θ), optax.adam(1e-3).init(as_real(θ)), a, u)
+    ```
+    """
+    view = (lambda θr: θr) if like is None else (lambda θr: as_complex(θr, like))
 
     @jax.jit
     def step(θr, state, x, y):
-        value, grads = jax.value_and_grad(lambda θr: loss(as_complex(θr, like), x, y))(θr)
+        value, grads = jax.value_and_grad(lambda θr: loss(view(θr), x, y))(θr)
         updates, state = optimizer.update(grads, state, θr)
         return optax.apply_updates(θr, updates), state, value
 
