@@ -142,9 +142,9 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
     """Trains `model.apply` with Adam (`lr`, cosine decay to 0 over `steps`) on the
     relative L2 loss of `decode(model.apply(θ, a_batch))` against `u_batch`; returns the
     trained parameters (laid out as `θ` came in) and the loss at every step. The step
-    compiles once. `place` puts each batch where the
-    model wants it (e.g. the distributed model's input sharding); `callback(step, loss)`
-    runs after each step (its loss read, so the step has finished).
+    compiles once. `place` puts each batch where the model wants it (e.g. the
+    distributed model's input sharding); `callback(step, loss)` runs after each step (its
+    loss read, so the step has finished).
 
     The batches are consecutive slices of `batch` samples (at most `len(a)`: a larger
     batch is a `ValueError`) of a stream of random permutations of the samples drawn
@@ -430,8 +430,8 @@ def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = No
     the program is kept (the latest 8 of them): evaluating again, as a training loop
     does, compiles nothing. (Any other model or `decode` may change between calls, and
     a kept program would not see it: each call compiles its own.) At most `IN_FLIGHT`
-    calls are queued at a time. `a` may be a
-    `Dataset`, with no `u` (read as `fit` reads it, `prefetch` too).
+    calls are queued at a time. `a` may be a `Dataset`, with no `u` (read as `fit` reads
+    it, `prefetch` too).
 
     ```python
     >>> from parop.nn import FNO, evaluate
