@@ -58,19 +58,30 @@ def test_fit_takes_any_batch_size_up_to_the_data():
         assert losses.shape == (6,) and np.all(np.isfinite(losses)) and losses[-1] < losses[0]
 
 
-def test_fit_compiles_its_step_once_and_returns_the_weights_laid_out_as_given(caplog):
+def test_fit_compiles_its_step_once_keeps_it_and_returns_the_weights_laid_out_as_given(caplog):
     # The optimiser's step count starts uncommitted on one device and comes back from the
     # step replicated over the mesh: fit places it so at once, or the second step compiles
     # again. The trained weights come back with the shardings they came in, spelled alike
-    # (the same layout spelled with fewer trailing Nones compiles a jitted program again).
+    # (the same layout spelled with fewer trailing Nones compiles a jitted program again),
+    # and training on with the same FNO and settings reuses the step.
     model = FNO((16, 16), width=2, modes=(4, 4), layers=1).distribute((1, 1, 2, 4))  # spectral0: P(None, None, 'd3', None)
     a = np.random.default_rng(0).standard_normal((8, 1, 16, 16)).astype(np.float32)
     θ0 = model.init(jax.random.key(0))
     with jax.numpy_dtype_promotion("standard"), jax.log_compiles(), caplog.at_level("WARNING"):
         θ, _ = fit(model, θ0, a, 2 * a, steps=3, batch=4, progress=False)
-    compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling jit(step)")]
-    assert len(compiled) == 1, compiled
-    assert {k: w.sharding for k, w in θ.items()} == {k: w.sharding for k, w in θ0.items()}
+        compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling jit(step)")]
+        assert len(compiled) == 1, compiled
+        assert {k: w.sharding for k, w in θ.items()} == {k: w.sharding for k, w in θ0.items()}
+        # trained on with the same settings (an epoch loop), from the trained weights: nothing compiles
+        caplog.clear()
+        again, _ = fit(model, θ, a, 2 * a, steps=3, batch=4, progress=False)
+        assert not [r for r in caplog.records if r.getMessage().startswith("Compiling jit(step)")]
+        # a user's model may change between calls: its step is made anew
+        user, (au, uu) = Tiny(), data(8)
+        θu = user.init(jax.random.key(0))
+        for _ in range(2):
+            fit(user, θu, au, uu, steps=2, batch=4, progress=False)
+        assert len([r for r in caplog.records if r.getMessage().startswith("Compiling jit(step)")]) == 2
 
 
 def test_evaluating_an_fno_again_compiles_nothing_and_a_user_model_anew(caplog):

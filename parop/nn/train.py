@@ -142,7 +142,8 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
     """Trains `model.apply` with Adam (`lr`, cosine decay to 0 over `steps`) on the
     relative L2 loss of `decode(model.apply(θ, a_batch))` against `u_batch`; returns the
     trained parameters (laid out as `θ` came in) and the loss at every step. The step
-    compiles once. `place` puts each batch where the model wants it (e.g. the
+    compiles once (and is kept for the next call with the same `lr` and `steps`, as
+    `evaluate` keeps its program). `place` puts each batch where the model wants it (e.g. the
     distributed model's input sharding); `callback(step, loss)` runs after each step (its
     loss read, so the step has finished).
 
@@ -193,16 +194,15 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
         raise ValueError(f"fit: batch={batch} is larger than the data set ({n} samples): use batch <= {n}")
     decode = decode or _unchanged
     take = _take(model, a, u, place)
-    optimizer = optax.adam(optax.cosine_decay_schedule(lr, steps))
-    loss = lambda θ, x, y: relative_l2(decode(model.apply(θ, x)), y)
     θr = as_real(θ)
-    state = _placed_for_steps(optimizer.init(θr), θr)
+    state = _placed_for_steps(_adam(lr, steps).init(θr), θr)
     losses = np.empty(steps)
     run = {"steps": int(steps), "batch": int(batch), "lr": float(lr), "seed": int(seed), "samples": n}
     start = 0 if checkpoint is None else ckpt.latest_step(checkpoint) or 0
     if start:
         θr, state, losses[:start] = _resume(checkpoint, start, θ, state, run)
-    step = make_step(loss, optimizer, θ)
+    dtypes = tuple((name, np.dtype(value.dtype)) for name, value in θ.items())
+    step = _program(_training_step, model, decode, float(lr), int(steps), dtypes)
     rng = np.random.default_rng(seed)
     order = np.concatenate([rng.permutation(n) for _ in range(-(-steps * batch // n))])
     bar = _progress(steps, start) if progress else None
@@ -218,6 +218,19 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
         if checkpoint is not None and ((i + 1) % every == 0 or i + 1 == steps):
             ckpt.save(checkpoint, _training_state(as_complex(θr, θ), state, losses[:i + 1], run), step=i + 1, keep=2)
     return _placed_like(as_complex(θr, θ), θ), losses
+
+
+def _adam(lr: float, steps: int) -> optax.GradientTransformation:
+    """`fit`'s optimiser: Adam at `lr`, decayed to 0 over `steps` (a cosine)."""
+    return optax.adam(optax.cosine_decay_schedule(lr, steps))
+
+
+@lru_cache(maxsize=8)  # bounded: the steps of the latest (model, decode, lr, steps, parameter dtypes)
+def _training_step(model, decode: Callable, lr: float, steps: int, dtypes: tuple) -> Callable:
+    """`fit`'s jitted step (`make_step`) of the relative L2 loss of `decode(model.apply)`,
+    with `_adam(lr, steps)`, on parameters of these `(name, dtype)`s."""
+    like = {name: np.zeros((), dtype) for name, dtype in dtypes}  # `as_complex` reads their dtypes alone
+    return make_step(lambda θ, x, y: relative_l2(decode(model.apply(θ, x)), y), _adam(lr, steps), like)
 
 
 def _placed_for_steps(state, θr: Params):
@@ -392,17 +405,18 @@ def _progress(total: int, initial: int = 0):
 
 
 def _unchanged(x: jax.Array) -> jax.Array:
-    """`decode` where none is given (one function, so that `evaluate`'s programs are kept)."""
+    """`decode` where none is given (one function, so that programs are kept: `_program`)."""
     return x
 
 
-def _keeps(model, decode: Callable) -> bool:
-    """Whether `evaluate` keeps its program for `model` and `decode`: parop's `FNO` (made
-    once for its settings: it keeps its plans too) with no `decode` or a frozen
-    `UnitGaussianNormalizer`'s, so a program traced for them stays right; a user's object
-    may change between calls."""
-    return isinstance(model, FNO) and (decode is _unchanged
-                                       or isinstance(getattr(decode, "__self__", None), UnitGaussianNormalizer))
+def _program(make, model, decode: Callable, *settings) -> Callable:
+    """`make(model, decode, *settings)` (a jitted program; `make` an `lru_cache`), kept
+    where a program traced for `model` and `decode` stays right: parop's `FNO` (made once
+    for its settings: it keeps its plans too) with no `decode` or a frozen
+    `UnitGaussianNormalizer`'s. A user's object may change between calls: made anew."""
+    keeps = isinstance(model, FNO) and (decode is _unchanged
+                                        or isinstance(getattr(decode, "__self__", None), UnitGaussianNormalizer))
+    return (make if keeps else make.__wrapped__)(model, decode, *settings)
 
 
 @lru_cache(maxsize=8)  # bounded: the programs of the latest (model, decode, batch)s
@@ -445,7 +459,7 @@ def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = No
     _check_arguments("evaluate", θ, decode=decode, place=place)
     decode = decode or _unchanged
     take = _take(model, a, u, place)
-    error_sum = (_error_program if _keeps(model, decode) else _error_program.__wrapped__)(model, decode, batch)
+    error_sum = _program(_error_program, model, decode, batch)
     total, queued = 0.0, deque()
     starts = range(0, n, batch)
     batches = _batches(take, (np.arange(start, start + batch) % n for start in starts),
