@@ -20,7 +20,7 @@ import optax
 
 from .. import checkpoint as ckpt
 from .._checks import int_at_least, is_int
-from .fno import FNO
+from .fno import DistributedFNO, FNO
 
 Params = dict[str, jax.Array]
 
@@ -411,11 +411,12 @@ def _unchanged(x: jax.Array) -> jax.Array:
 
 def _program(make, model, decode: Callable, *settings) -> Callable:
     """`make(model, decode, *settings)` (a jitted program; `make` an `lru_cache`), kept
-    where a program traced for `model` and `decode` stays right: parop's `FNO` (made once
-    for its settings: it keeps its plans too) with no `decode` or a frozen
-    `UnitGaussianNormalizer`'s. A user's object may change between calls: made anew."""
-    keeps = isinstance(model, FNO) and (decode is _unchanged
-                                        or isinstance(getattr(decode, "__self__", None), UnitGaussianNormalizer))
+    where a program traced for `model` and `decode` stays right: parop's `FNO` itself (made
+    once for its settings: it keeps its plans too; not a subclass, which may add state)
+    with no `decode` or a frozen `UnitGaussianNormalizer`'s. A user's object may change
+    between calls: made anew."""
+    keeps = type(model) in (FNO, DistributedFNO) and (
+        decode is _unchanged or isinstance(getattr(decode, "__self__", None), UnitGaussianNormalizer))
     return (make if keeps else make.__wrapped__)(model, decode, *settings)
 
 
