@@ -157,6 +157,10 @@ for P, partition in [(1, None), (2, (1, 1, 2, 1, 1)), (4, (1, 1, 2, 2, 1)), (8, 
 # Each device's share falls as 1/P: the model splits the activations, which dominate, and
 # the spectral weights with them; only the small channel-mixing weights and biases are
 # copied on every device. The totals over all devices stay at the serial model's.
+#
+# `parop.nn.dry_run(model, batch)` measures the whole training step this way, Adam's
+# update and state included, and `python -m parop.nn.dryrun` does it at sizes no machine
+# here could hold (the README's "Will it fit?").
 
 # %% [markdown]
 # ## Training
