@@ -81,7 +81,7 @@ def test_fit_compiles_its_step_once_keeps_it_and_returns_the_weights_laid_out_as
         assert {k: w.sharding for k, w in θ.items()} == {k: w.sharding for k, w in θ0.items()}
         # trained on with the same settings (an epoch loop), from the trained weights: nothing compiles
         caplog.clear()
-        again, _ = fit(model, θ, a, 2 * a, steps=3, batch=4, progress=False)
+        fit(model, θ, a, 2 * a, steps=3, batch=4, progress=False)
         assert compilations(caplog, "step") == 0
         # a user's model may change between calls: its step is made anew
         user, (au, uu) = Tiny(), data(8)
