@@ -29,6 +29,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from parop import display
+
 from ._hlo import HloLog
 
 N_DEVICES = 8  # the forced CPU host devices (or accelerators, with --gpu) a run needs
@@ -250,13 +252,8 @@ def fmt_time(s: float | None) -> str:
 
 
 def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "–"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
+    """parop's `fmt_bytes` (`512 B`, `5.9 KiB`), and `–` for a size not measured."""
+    return "–" if n is None else display.fmt_bytes(n)
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
