@@ -44,7 +44,7 @@ class Dataset(Protocol):
     def batch(self, indices: np.ndarray, sharding) -> tuple[jax.Array, jax.Array]: ...
 
 
-@dataclass(frozen=True, eq=False)  # hashed as itself: `evaluate` keeps a program per `decode`
+@dataclass(frozen=True, eq=False)  # hashed as itself: `fit` and `evaluate` keep programs per `decode`
 class UnitGaussianNormalizer:
     """Pointwise mean and standard deviation over the samples (axis 0), as in Li et al.
 
@@ -142,10 +142,11 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
     """Trains `model.apply` with Adam (`lr`, cosine decay to 0 over `steps`) on the
     relative L2 loss of `decode(model.apply(θ, a_batch))` against `u_batch`; returns the
     trained parameters (laid out as `θ` came in) and the loss at every step. The step
-    compiles once (and is kept for the next call with the same `lr` and `steps`, as
-    `evaluate` keeps its program). `place` puts each batch where the model wants it (e.g. the
-    distributed model's input sharding); `callback(step, loss)` runs after each step (its
-    loss read, so the step has finished).
+    compiles once; for parop's `FNO` with no `decode` or a `UnitGaussianNormalizer`'s it
+    is kept for the next call with the same `lr` and `steps`, as `evaluate` keeps its
+    program. `place` puts each batch where the model wants it (e.g. the distributed
+    model's input sharding); `callback(step, loss)` runs after each step (its loss read,
+    so the step has finished).
 
     The batches are consecutive slices of `batch` samples (at most `len(a)`: a larger
     batch is a `ValueError`) of a stream of random permutations of the samples drawn

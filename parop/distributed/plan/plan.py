@@ -17,10 +17,10 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from ... import _dtypes
+from ...display import fmt_bytes
 from ...operator import Operator
 from ..layout import Layout, spec_of
 from .actions import ACTIONS, Action, Branch, State, StepAction
-from ...display import fmt_bytes
 from .cost import KINDS, Collective, CostModel
 from .program import Program, Slot, Step
 
