@@ -120,6 +120,37 @@ def test_evaluating_an_fno_again_compiles_nothing_and_a_user_model_anew(caplog):
     assert after != before
 
 
+def test_a_normaliser_is_an_argument_of_the_programs_split_as_the_targets(caplog):
+    # Closed over, a normaliser's arrays were constants of the program: the whole grid's
+    # on every device, and another normaliser (fitted again) needed a program of its own.
+    # Passed as an argument, split as the targets are, the program is the same for every
+    # normaliser and each device holds its block.
+    from parop.nn.train import _placed_operand
+
+    dist = FNO((16, 16), width=2, modes=(4, 4), layers=1).distribute((1, 1, 2, 4))
+    rng = np.random.default_rng(0)
+    a, u = (rng.standard_normal((8, 1, 16, 16)).astype(np.float32) for _ in range(2))
+    θ = dist.init(jax.random.key(0))
+    place = lambda x: jax.device_put(x, dist.in_sharding)  # noqa: E731
+    placed = _placed_operand(UnitGaussianNormalizer.fit(u), dist, θ)
+    assert placed.mean.sharding.spec == placed.std.sharding.spec == jax.P(*dist.in_sharding.spec[1:])
+
+    def compiles(call, name: str) -> int:
+        caplog.clear()
+        with jax.numpy_dtype_promotion("standard"), jax.log_compiles(), caplog.at_level("WARNING"):
+            call()
+        return compilations(caplog, name)
+
+    for i, norm in enumerate((UnitGaussianNormalizer.fit(u), UnitGaussianNormalizer.fit(2 * u[:4] + 1))):
+        want = float(relative_l2(norm.decode(dist.apply(θ, place(a))), place(u)))
+        got = []
+        assert compiles(lambda: got.append(evaluate(dist, θ, a, u, batch=4, decode=norm.decode, place=place)),
+                        "error_sum") == (i == 0)
+        np.testing.assert_allclose(got[0], want, rtol=1e-5)
+        assert compiles(lambda: fit(dist, θ, a, u, steps=2, batch=4, decode=norm.decode, place=place,
+                                    progress=False), "step") == (i == 0)
+
+
 A, U = data(6)
 
 

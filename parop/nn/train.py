@@ -44,7 +44,7 @@ class Dataset(Protocol):
     def batch(self, indices: np.ndarray, sharding) -> tuple[jax.Array, jax.Array]: ...
 
 
-@dataclass(frozen=True, eq=False)  # hashed as itself: `fit` and `evaluate` keep programs per `decode`
+@dataclass(frozen=True, eq=False)  # its arrays cannot be compared: equal only to itself
 class UnitGaussianNormalizer:
     """Pointwise mean and standard deviation over the samples (axis 0), as in Li et al.
 
@@ -74,6 +74,12 @@ class UnitGaussianNormalizer:
 
     def decode(self, x: jax.Array) -> jax.Array:
         return x * (self.std + self.eps) + self.mean
+
+
+# A pytree, so that `fit` and `evaluate` pass a normaliser to their programs as an argument:
+# closed over, its arrays would be constants of the program (the whole grid's, on every
+# device), and each normaliser would need a program of its own.
+jax.tree_util.register_dataclass(UnitGaussianNormalizer, data_fields=["mean", "std"], meta_fields=["eps"])
 
 
 def relative_l2(pred: jax.Array, target: jax.Array) -> jax.Array:
@@ -112,11 +118,11 @@ def as_complex(θ: Params, like: Params) -> Params:
     return {k: jax.lax.complex(v[..., 0], v[..., 1]) if jnp.iscomplexobj(like[k]) else v for k, v in θ.items()}
 
 
-def make_step(loss: Callable[[Params, jax.Array, jax.Array], jax.Array], optimizer: optax.GradientTransformation,
-              like: Params | None = None):
-    """A jitted `step(θr, state, x, y) -> (θr, state, loss)`: with `like` (parameters with
-    complex weights), `θr` is their real view (`as_real(like)`) and `loss` is given
-    `as_complex(θr, like)`, as `fit` trains; without, `loss` is given `θr` as it is.
+def make_step(loss: Callable[..., jax.Array], optimizer: optax.GradientTransformation, like: Params | None = None):
+    """A jitted `step(θr, state, x, y, *more) -> (θr, state, loss)` of `loss(θ, x, y, *more)`
+    (`more`: whatever else the loss reads, passed as arguments, not constants): with `like`
+    (parameters with complex weights), `θr` is their real view (`as_real(like)`) and `loss`
+    is given `as_complex(θr, like)`, as `fit` trains; without, `loss` is given `θr` as it is.
 
     ```python
     step = make_step(lambda θ, x, y: relative_l2(model.apply(θ, x), y), optax.adam(1e-3), θ)
@@ -126,8 +132,8 @@ def make_step(loss: Callable[[Params, jax.Array, jax.Array], jax.Array], optimiz
     view = (lambda θr: θr) if like is None else (lambda θr: as_complex(θr, like))
 
     @jax.jit
-    def step(θr, state, x, y):
-        value, grads = jax.value_and_grad(lambda θr: loss(view(θr), x, y))(θr)
+    def step(θr, state, x, y, *more):
+        value, grads = jax.value_and_grad(lambda θr: loss(view(θr), x, y, *more))(θr)
         updates, state = optimizer.update(grads, state, θr)
         return optax.apply_updates(θr, updates), state, value
 
@@ -193,24 +199,24 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
         raise ValueError(f"fit: seed must be an int >= 0 (it draws the order of the samples), got seed={seed!r}")
     if batch > n:
         raise ValueError(f"fit: batch={batch} is larger than the data set ({n} samples): use batch <= {n}")
-    decode = decode or _unchanged
+    decoding, normaliser = _decoder(decode)
     take = _take(model, a, u, place)
     θr = as_real(θ)
-    state = _placed_for_steps(_adam(lr, steps).init(θr), θr)
+    state, normaliser = _on_mesh(_adam(lr, steps).init(θr), θr), _placed_operand(normaliser, model, θ)
     losses = np.empty(steps)
     run = {"steps": int(steps), "batch": int(batch), "lr": float(lr), "seed": int(seed), "samples": n}
     start = 0 if checkpoint is None else ckpt.latest_step(checkpoint) or 0
     if start:
         θr, state, losses[:start] = _resume(checkpoint, start, θ, state, run)
     dtypes = tuple((name, np.dtype(value.dtype)) for name, value in θ.items())
-    step = _program(_training_step, model, decode, float(lr), int(steps), dtypes)
+    step = _program(_training_step, model, decoding, float(lr), int(steps), dtypes)
     rng = np.random.default_rng(seed)
     order = np.concatenate([rng.permutation(n) for _ in range(-(-steps * batch // n))])
     bar = _progress(steps, start) if progress else None
     batches = _batches(take, (order[i * batch:(i + 1) * batch] for i in range(start, steps)),
                        prefetch and isinstance(a, Dataset))
     for i, (x, y) in zip(range(start, steps), batches):
-        θr, state, value = step(θr, state, x, y)
+        θr, state, value = step(θr, state, x, y, normaliser)
         losses[i] = float(value)  # also waits for the step, so collectives never pile up
         if bar is not None:
             bar(i, losses[i])
@@ -226,24 +232,56 @@ def _adam(lr: float, steps: int) -> optax.GradientTransformation:
     return optax.adam(optax.cosine_decay_schedule(lr, steps))
 
 
-@lru_cache(maxsize=8)  # bounded: the steps of the latest (model, decode, lr, steps, parameter dtypes)
-def _training_step(model, decode: Callable, lr: float, steps: int, dtypes: tuple) -> Callable:
-    """`fit`'s jitted step (`make_step`) of the relative L2 loss of `decode(model.apply)`,
-    with `_adam(lr, steps)`, on parameters of these `(name, dtype)`s."""
+@lru_cache(maxsize=8)  # bounded: the steps of the latest (model, decoding, lr, steps, parameter dtypes)
+def _training_step(model, decoding: Callable, lr: float, steps: int, dtypes: tuple) -> Callable:
+    """`fit`'s jitted `step(θr, state, x, y, operand)` (`make_step`) of the relative L2 loss
+    of `decoding(operand, model.apply)` (`_decoder`), with `_adam(lr, steps)`, on parameters
+    of these `(name, dtype)`s."""
     like = {name: np.zeros((), dtype) for name, dtype in dtypes}  # `as_complex` reads their dtypes alone
-    return make_step(lambda θ, x, y: relative_l2(decode(model.apply(θ, x)), y), _adam(lr, steps), like)
+    return make_step(lambda θ, x, y, operand: relative_l2(decoding(operand, model.apply(θ, x)), y),
+                     _adam(lr, steps), like)
 
 
-def _placed_for_steps(state, θr: Params):
-    """The optimiser state with every leaf that sits uncommitted on one device (Adam's step
-    count) replicated over the parameters' mesh, where the jitted step returns it: a leaf
-    placed otherwise on the second call would compile the step a second time."""
-    meshes = {leaf.sharding.mesh for leaf in jax.tree.leaves(θr) if isinstance(leaf.sharding, jax.NamedSharding)}
-    if not meshes:  # a serial model: its step takes and returns uncommitted arrays
-        return state
+def _decoder(decode: Callable | None) -> tuple[Callable, object]:
+    """`(decoding, operand)` with `decoding(operand, x) == decode(x)`; the programs take
+    `operand` as an argument. A `UnitGaussianNormalizer`'s `decode` is its class's function
+    and the normaliser (its arrays arguments, not constants of the program, and one
+    program for every normaliser); no `decode` is `_unchanged`; any other `decode`, a
+    function of `x` alone, has no operand."""
+    if decode is None:
+        return _unchanged, None
+    normaliser = getattr(decode, "__self__", None)
+    if type(normaliser) is UnitGaussianNormalizer and decode.__func__ is UnitGaussianNormalizer.decode:
+        return UnitGaussianNormalizer.decode, normaliser
+    return (lambda _, x: decode(x)), None
+
+
+def _placed_operand(operand, model, θ: Params):
+    """`_decoder`'s operand placed once for every call: an uncommitted array of one target's
+    shape `(out_channels, *grid)` (a pointwise normaliser's) split as the model's targets
+    are (`in_sharding` less the samples' axis: each device holds its block, and decoding
+    moves nothing), any other leaf replicated (`_on_mesh`)."""
+    sharding = getattr(model, "in_sharding", None)
+    if operand is None or not isinstance(sharding, jax.NamedSharding):
+        return _on_mesh(operand, θ)
+    target = (getattr(model, "out_channels", None), *getattr(model, "grid", ()))
+    block = jax.NamedSharding(sharding.mesh, jax.P(*sharding.spec[1:]))
+    return _on_mesh(jax.tree.map(
+        lambda leaf: jax.device_put(leaf, block) if not getattr(leaf, "committed", False) and leaf.shape == target
+        else leaf, operand), θ)
+
+
+def _on_mesh(tree, θ: Params):
+    """`tree` with every leaf not committed to devices (Adam's step count, which optax makes
+    on one device; a normaliser's arrays) replicated over the parameters' mesh, where the
+    jitted step returns them: placed otherwise, a second call would compile the program
+    again (jit's cache tells the placements apart) or copy them over again."""
+    meshes = {leaf.sharding.mesh for leaf in jax.tree.leaves(θ) if isinstance(leaf.sharding, jax.NamedSharding)}
+    if not meshes:  # a serial model: its programs take and return uncommitted arrays
+        return tree
     replicated = jax.NamedSharding(meshes.pop(), jax.P())
-    return jax.tree.map(lambda leaf: leaf if getattr(leaf, "committed", True) else jax.device_put(leaf, replicated),
-                        state)
+    return jax.tree.map(lambda leaf: leaf if getattr(leaf, "committed", False) else jax.device_put(leaf, replicated),
+                        tree)
 
 
 def _placed_like(trained: Params, θ: Params) -> Params:
@@ -405,30 +443,31 @@ def _progress(total: int, initial: int = 0):
     return update
 
 
-def _unchanged(x: jax.Array) -> jax.Array:
-    """`decode` where none is given (one function, so that programs are kept: `_program`)."""
+def _unchanged(operand, x: jax.Array) -> jax.Array:
+    """The decoding where no `decode` is given (`_decoder`; one function, so that programs
+    are kept: `_program`)."""
     return x
 
 
-def _program(make, model, decode: Callable, *settings) -> Callable:
-    """`make(model, decode, *settings)` (a jitted program; `make` an `lru_cache`), kept
-    where a program traced for `model` and `decode` stays right: parop's `FNO` itself (made
-    once for its settings: it keeps its plans too; not a subclass, which may add state)
-    with no `decode` or a frozen `UnitGaussianNormalizer`'s. A user's object may change
-    between calls: made anew."""
-    keeps = type(model) in (FNO, DistributedFNO) and (
-        decode is _unchanged or isinstance(getattr(decode, "__self__", None), UnitGaussianNormalizer))
-    return (make if keeps else make.__wrapped__)(model, decode, *settings)
+def _program(make, model, decoding: Callable, *settings) -> Callable:
+    """`make(model, decoding, *settings)` (a jitted program; `make` an `lru_cache`), kept
+    where a program traced for `model` and `decoding` stays right: parop's `FNO` itself
+    (made once for its settings: it keeps its plans too; not a subclass, which may add
+    state) with no `decode` or a `UnitGaussianNormalizer`'s (`_decoder`: the normaliser is
+    an argument). A user's object may change between calls: made anew."""
+    keeps = type(model) in (FNO, DistributedFNO) and decoding in (_unchanged, UnitGaussianNormalizer.decode)
+    return (make if keeps else make.__wrapped__)(model, decoding, *settings)
 
 
-@lru_cache(maxsize=8)  # bounded: the programs of the latest (model, decode, batch)s
-def _error_program(model, decode: Callable, batch: int) -> Callable:
-    """The jitted `error_sum(θ, x, y, count)`: the sum of the relative errors of
-    `decode(model.apply(θ, x))` against `y` over the first `count` of `batch` samples."""
+@lru_cache(maxsize=8)  # bounded: the programs of the latest (model, decoding, batch)s
+def _error_program(model, decoding: Callable, batch: int) -> Callable:
+    """The jitted `error_sum(θ, x, y, count, operand)`: the sum of the relative errors of
+    `decoding(operand, model.apply(θ, x))` (`_decoder`) against `y` over the first `count`
+    of `batch` samples."""
 
     @jax.jit
-    def error_sum(θ, x, y, count):
-        errors = _relative_errors(decode(model.apply(θ, x)), y, "evaluate")
+    def error_sum(θ, x, y, count, operand):
+        errors = _relative_errors(decoding(operand, model.apply(θ, x)), y, "evaluate")
         return jnp.sum(jnp.where(jnp.arange(batch) < count, errors, 0))
 
     return error_sum
@@ -459,15 +498,16 @@ def evaluate(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = No
     """
     n = _check_data("evaluate", model, a, u, batch)
     _check_arguments("evaluate", θ, decode=decode, place=place)
-    decode = decode or _unchanged
+    decoding, normaliser = _decoder(decode)
+    normaliser = _placed_operand(normaliser, model, θ)
     take = _take(model, a, u, place)
-    error_sum = _program(_error_program, model, decode, batch)
+    error_sum = _program(_error_program, model, decoding, batch)
     total, queued = 0.0, deque()
     starts = range(0, n, batch)
     batches = _batches(take, (np.arange(start, start + batch) % n for start in starts),
                        prefetch and isinstance(a, Dataset))
     for start, (x, y) in zip(starts, batches):
-        queued.append(error_sum(θ, x, y, min(batch, n - start)))
+        queued.append(error_sum(θ, x, y, min(batch, n - start), normaliser))
         if len(queued) == IN_FLIGHT:
             total += float(queued.popleft())  # waits for the oldest call
     return (total + sum(float(e) for e in queued)) / n
