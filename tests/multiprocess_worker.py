@@ -331,7 +331,7 @@ def run_store() -> dict:
     from jax.experimental import multihost_utils
 
     from parop.datasets import CountingStore, open_store, write_darcy
-    from parop.nn import FNO, evaluate, fit
+    from parop.nn import FNO, UnitGaussianNormalizer, evaluate, fit
 
     n, s, steps, batch = 16, 16, 2, 8  # one epoch: the samples of a batch are distinct
     pid = jax.process_index()
@@ -356,6 +356,12 @@ def run_store() -> dict:
         θ, l = fit(dist, dist.init(jax.random.key(0)), ds, steps=steps, batch=batch, progress=False)
         e = evaluate(dist, θ, ds, batch=batch)
     read["grid split"] = store.bytes_read - before
+    # a normaliser of the targets (on one device in each process) is placed on the global
+    # mesh as the targets are, and decodes as the serial model's does
+    norm = UnitGaussianNormalizer.fit(u)
+    decoded = evaluate(dist, θ, ds, batch=batch, decode=norm.decode)
+    np.testing.assert_allclose(decoded, evaluate(model, θ_serial, a, u, batch=batch, decode=norm.decode), rtol=1e-9)
+    checked["normaliser"] = 1
     # 2 training batches and 2 evaluation batches, 2 arrays each
     assert read["grid split"] == (steps + 2) * 2 * batch * data // 2, read
     np.testing.assert_allclose(l, losses, rtol=1e-12)

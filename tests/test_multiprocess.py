@@ -186,10 +186,10 @@ def test_checkpoint_save_and_restore_over_two_processes():
 
 def test_training_from_a_zarr_store_over_two_processes():
     pytest.importorskip("zarr")
-    results = run_workers("store", timeout=300)  # compiles 5 programs per process; slow on a loaded machine
+    results = run_workers("store", timeout=300)  # compiles 7 programs per process; slow on a loaded machine
     assert [r["process"] for r in results] == [0, 1]
     for r in results:
-        assert r["checked"] == {"trained": 9, "batch split": 8, "whole-sample chunks": 4}
+        assert r["checked"] == {"normaliser": 1, "trained": 9, "batch split": 8, "whole-sample chunks": 4}
     # each process read exactly its share (checked in the workers): half of each sample,
     # then half the samples of a batch
     assert results[0]["read"] == results[1]["read"]
