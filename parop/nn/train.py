@@ -267,7 +267,7 @@ def _placed_operand(operand, model, θ: Params):
     target = (getattr(model, "out_channels", None), *getattr(model, "grid", ()))
     block = jax.NamedSharding(sharding.mesh, jax.P(*sharding.spec[1:]))
     return _on_mesh(jax.tree.map(
-        lambda leaf: jax.device_put(leaf, block) if not getattr(leaf, "committed", False) and leaf.shape == target
+        lambda leaf: jax.device_put(leaf, block) if not getattr(leaf, "committed", False) and np.shape(leaf) == target
         else leaf, operand), θ)
 
 
