@@ -220,6 +220,7 @@ class Search(LowerBound):
         self._pins: dict = {}
         self._pinned_splits: dict = {}
         self._renamed: dict = {}  # renamed pins -> the search with them: the symmetry's searches
+        self._learned: dict = {}  # (context, goal, after, before, padded) -> {state: a lower bound on its time to an end}
         self._subs: list = []  # every search `sub` started: their states count as this one's
 
     def release(self) -> None:
@@ -324,12 +325,17 @@ class Search(LowerBound):
         there, and the barrier runs where it ends."""
         best, back, heap = {}, {}, []
         tie = itertools.count()
+        # what the searches of this program to these ends learned (see below; Dijkstra's searches use no bound)
+        learns = not (self.exhaustive or self.permutes)
+        learned = self._learned.setdefault((root, goal, after, before, padded), {}) if learns else {}
+        recorded = not learns
         for entry in entries:
             start, forced = self.settle((None, root, 0, self.intern(entry)))
             if start not in best:
                 best[start] = ZERO
                 back[start] = (None, forced)
-                heap.append(((self.bound(start, goal),) + ZERO[1:], next(tie), ZERO, start, False))
+                heap.append(((max(self.bound(start, goal), learned.get(start, 0.0)),) + ZERO[1:], next(tie), ZERO,
+                             start, False))
         heapq.heapify(heap)
         accepted: dict = {}
 
@@ -361,6 +367,7 @@ class Search(LowerBound):
                 bound = bounds.get(goal)
                 if bound is None:
                     bound = bounds[goal] = bound_of(nxt, goal)
+            bound = max(bound, learned.get(nxt, 0.0))
             push(heap, ((max(total[0] + bound, floor), total[1], total[2], total[3]), next(tie), total, nxt, loose))
 
         while heap:
@@ -379,6 +386,14 @@ class Search(LowerBound):
                 if lay not in accepted:
                     accepted[lay] = goal.accepts(lay.value) and (padded or not self.node(ctx, done, lay).here.any_padded)
                 if accepted[lay]:
+                    if not recorded:
+                        # every route through a state reached costs at least this end's time:
+                        # a lower bound on the time from it to an end, for the searches of the
+                        # same operator from other entries
+                        recorded, first = True, cost[0]
+                        for reached, way in best.items():
+                            if first - way[0] > learned.get(reached, 0.0):
+                                learned[reached] = first - way[0]
                     yield cost, state, back, heap
                     if not before:
                         continue
@@ -470,6 +485,7 @@ class Search(LowerBound):
         pins = [self.pins(p) for p in progs]
         autos = [automorphisms(p) for p in progs[:-1]]  # the last operator's goal breaks its symmetries
         kinds: dict = {}  # (operator, its renamed pins) -> its structure with them
+        firsts: dict = {}  # (structure, renamed pins) -> the first operator of that kind: its program is searched
         searched: dict = {}  # (operator, layout) -> `exits`
 
         def exits(i: int, lay: Interned) -> tuple[Exits, tuple | None]:
@@ -490,9 +506,11 @@ class Search(LowerBound):
                 key = (kinds[(i, moved)], renamed, ends, i > 0, i < n - 1)
                 found = self._exits.get(key)
                 if found is None:
-                    one_sum = i < n - 1 and len(contexts[i].steps) == 1 and contexts[i].steps[0].terms
-                    leaving = (lambda: search.leaving(contexts[i], renamed)) if one_sum else None
-                    found = self._exits[key] = Exits(progs[i], search.explore(contexts[i], [renamed.value], ends,
+                    # every search of a kind runs on one program: each learns from the others
+                    c = firsts.setdefault((kinds[(i, moved)], moved), i)
+                    one_sum = i < n - 1 and len(contexts[c].steps) == 1 and contexts[c].steps[0].terms
+                    leaving = (lambda: search.leaving(contexts[c], renamed)) if one_sum else None
+                    found = self._exits[key] = Exits(progs[c], search.explore(contexts[c], [renamed.value], ends,
                                                                                *key[3:]), renamed, leaving)
                 mine = searched[(i, lay)] = (found, names)
             return mine
