@@ -1200,6 +1200,40 @@ def test_a_chain_of_layers_alike_costs_what_the_exhaustive_search_finds():
 
 
 
+@pytest.mark.parametrize("grid, modes, kernel, mesh, spec, batch", [
+    ((4, 8), (2, 4), None, ((4, 2), ("a", "b")), P(None, None, "a", "b"), 3),
+    ((4, 4), (2, 2), 3, ((2, 2), ("a", "b")), P(None, None, ("a", "b"), None), 3),
+    ((8, 8), (4, 2), 3, ((2, 2), ("a", "b")), P(None, None, ("a", "b"), None), 2),
+    ((4, 4, 8), (1, 2, 4), None, ((4, 2), ("a", "b")), P(None, None, None, "a", "b"), 3)])
+def test_a_layer_searched_from_several_entries_learns_bounds_and_costs_what_the_exhaustive_search_finds(
+        grid, modes, kernel, mesh, spec, batch, monkeypatch):
+    """A network of three layers alike whose layer the chain searches from several
+    hand-over layouts: those searches run on one program, and each takes as a bound, at a
+    state an earlier one reached at time `g`, that search's cheapest exit time less `g`
+    (adaptive A*). The chain costs what the exhaustive search over the whole chain finds.
+    (The last network's cost is wrong with a learned bound too large: three times the
+    exit's time in place of that time less `g`.)"""
+    explore, searched = Search.explore, []
+
+    def recorded(self, root, entries, goal, after=False, before=False, padded=False):
+        searched.append((root, after, before))
+        return explore(self, root, entries, goal, after, before, padded)
+
+    monkeypatch.setattr(Search, "explore", recorded)
+    mesh = AbstractMesh(*mesh)
+    dist = FNO(grid, width=2, modes=modes, layers=3, projection=2, local_kernel=kernel).distribute(
+        spec, mesh=mesh, batch=batch)
+    Ds = dist.operators(batch)
+    layers = [root for root, after, before in searched if after and before]
+    assert max(layers.count(root) for root in layers) >= 2  # one program, searched from several entries
+    ops = named(*FNO._build(dist, batch))
+    goal = default_goal(Ds[0].plan.in_layout, ops[-1].range_shape, dict(mesh.shape))
+    monkeypatch.setattr(Search, "explore", explore)
+    exact, _ = Search(dict(mesh.shape), Ds[0].cost, False, exhaustive=True).run(
+        chain(ops, ops[0].domain_shape), Ds[0].plan.in_layout, goal)
+    assert same_cost(chain_cost(Ds), exact[:3]), (chain_cost(Ds), exact)
+
+
 def test_the_look_ahead_over_a_networks_last_operators_is_a_lower_bound():
     """A 3-D FNO of two layers on a 2x2 mesh, from a layout the output must keep: its
     last layer and projection together (`Search.boundary`) cost more than the sum of
