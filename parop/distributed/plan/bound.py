@@ -374,7 +374,7 @@ class LowerBound:
         key = (ctx, j, used, goal)
         if key not in self._entry_bounds:
             before = ctx.before(j)
-            prog = ctx.prog.segment(j, ctx.sizes(before))
+            prog = self.operator(ctx, j)
             alike = (structure(prog, ctx.itemsize(before), self.pinned), used, goal)
             if alike not in self._entry_bounds:
                 states = ALONE_STATES if self.alone(ctx, j) else math.inf
@@ -386,7 +386,8 @@ class LowerBound:
                     autos = automorphisms(prog)
                     canon = [self.canonical(self.intern(e), pins, autos) for e in entries]
                     entries, pins = list(dict.fromkeys(c[0].value for c in canon)), canon[0][2]
-                search = self.sub({**self.pinned, **dict(pins)})
+                pinned = {**self.pinned, **dict(pins)}
+                search = self if pinned == self.pinned else self.sub(pinned)  # one memo of states with the chain's
                 root = search.context(prog, prog.shape, ctx.itemsize(before))
                 self._entry_bounds[alike] = _least_end(search.explore(root, entries, goal), states)
             self._entry_bounds[key] = self._entry_bounds[alike]

@@ -168,6 +168,7 @@ class Tables:
         self.moves: dict = {}  # (sizes, itemsize, layout, step or None, its pinned weight) -> moves
         self.placements: dict = {}  # (layout, goal) -> Placement; layout -> Spread; goal -> Wish
         self.prices: dict = {}  # (context, done, scope, tensor axes, ...) -> `Search.moves_price`
+        self.operators: dict = {}  # (chain context, i) -> its operator i's program
         self.terms: dict = {}  # a sum's term's class (`Search.term_class`) -> its `term_bound` or `departing`
 
 
@@ -252,6 +253,15 @@ class Search(LowerBound):
         if key not in contexts:
             contexts[key] = Context(prog, shape, itemsize, bool(self.shard_weights), frozenset(self.split_counts), term)
         return contexts[key]
+
+    def operator(self, ctx: Context, i: int) -> Program:
+        """The chain `ctx`'s `i`-th operator as a program of its own (one object per operator:
+        the searches of its states share their memos)."""
+        key = (ctx, i)
+        found = self.tables.operators.get(key)
+        if found is None:
+            found = self.tables.operators[key] = ctx.prog.segment(i, ctx.sizes(ctx.before(i)))
+        return found
 
     def node(self, ctx: Context, done: int, lay: Interned) -> Node:
         key = (ctx, done, lay)
@@ -479,7 +489,7 @@ class Search(LowerBound):
         search's."""
         n = len(root.segments)
         before = [root.before(i) for i in range(n)]
-        progs = [root.prog.segment(i, root.sizes(before[i])) for i in range(n)]
+        progs = [self.operator(root, i) for i in range(n)]
         contexts = [self.context(p, p.shape, root.itemsize(before[i])) for i, p in enumerate(progs)]
         summing = [bool(root.psum_steps & root.segments[i]) for i in range(n)]
         pins = [self.pins(p) for p in progs]
