@@ -332,7 +332,13 @@ class Search(LowerBound):
         through it; its own cost does); `after` (it follows one), no move to an unpadded
         layout comes before its first step if none ran at once from the entry. Such a
         move is the earlier operator's: with nothing run in between, it costs the same
-        there, and the barrier runs where it ends."""
+        there, and the barrier runs where it ends.
+
+        A state's bound is the larger of `bound` and what the searches of the same program
+        to the same ends before it learned (adaptive A*): a search that pops its first end
+        at time `C` has reached each state `s` by a route of time `g(s)`, so every route
+        from `s` to an end takes at least `C - g(s)` (from its entry through `s`, it costs
+        at least `C`). A chain's searches of one operator from several entries use it."""
         best, back, heap = {}, {}, []
         tie = itertools.count()
         # what the searches of this program to these ends learned (see below; Dijkstra's searches use no bound)
@@ -396,10 +402,7 @@ class Search(LowerBound):
                 if lay not in accepted:
                     accepted[lay] = goal.accepts(lay.value) and (padded or not self.node(ctx, done, lay).here.any_padded)
                 if accepted[lay]:
-                    if not recorded:
-                        # every route through a state reached costs at least this end's time:
-                        # a lower bound on the time from it to an end, for the searches of the
-                        # same operator from other entries
+                    if not recorded:  # what this search learned (see above)
                         recorded, first = True, cost[0]
                         for reached, way in best.items():
                             if first - way[0] > learned.get(reached, 0.0):
