@@ -398,7 +398,7 @@ class LowerBound:
         their weights' pins (memoised per chain)."""
         found = self._alone.get(ctx)
         if found is None:
-            kinds = [structure(ctx.prog.segment(i, ctx.sizes(ctx.before(i))), ctx.itemsize(ctx.before(i)), {})
+            kinds = [structure(self.operator(ctx, i), ctx.itemsize(ctx.before(i)), {})
                      for i in range(len(ctx.segments))]
             found = self._alone[ctx] = tuple(kinds.count(kind) == 1 for kind in kinds)
         return found[j]

@@ -221,7 +221,7 @@ class Search(LowerBound):
         self._pins: dict = {}
         self._pinned_splits: dict = {}
         self._renamed: dict = {}  # renamed pins -> the search with them: the symmetry's searches
-        self._learned: dict = {}  # (context, goal, after, before, padded) -> {state: a lower bound on its time to an end}
+        self._learned: dict = {}  # (context, goal, after, before, padded) -> {state: a lower bound on its time left}
         self._subs: list = []  # every search `sub` started: their states count as this one's
 
     def release(self) -> None:
@@ -341,7 +341,8 @@ class Search(LowerBound):
         at least `C`). A chain's searches of one operator from several entries use it."""
         best, back, heap = {}, {}, []
         tie = itertools.count()
-        # what the searches of this program to these ends learned (see below; Dijkstra's searches use no bound)
+        # what the searches of this program to these ends learned (the docstring's last paragraph; Dijkstra's
+        # searches use no bound)
         learns = not (self.exhaustive or self.permutes)
         learned = self._learned.setdefault((root, goal, after, before, padded), {}) if learns else {}
         recorded = not learns
