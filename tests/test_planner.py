@@ -442,6 +442,69 @@ def test_the_fast_search_with_a_local_kernel_is_as_cheap_as_the_exhaustive_searc
     assert compared >= 0.6 * HALO_CASES and planned >= 0.4 * compared, (compared, planned)
 
 
+@pytest.mark.parametrize("ndim, count", [(3, 2), (4, 3), (5, 3), (3, 4)])
+def test_the_relaxed_moves_between_placements_are_the_fewest(ndim, count):
+    """`Shuttles.apart` (products of boolean matrices) against a breadth-first search over
+    the relaxed moves (any of the mesh axes on one tensor axis to one other): chains of
+    moves may beat one move per (source, target) pair, and the bound must not count more."""
+    from collections import deque
+    from parop.distributed.plan.bound import Shuttles
+
+    placements = list(itertools.product(range(ndim), repeat=count))
+    index = {p: i for i, p in enumerate(placements)}
+    apart = Shuttles.apart(ndim, count)
+    for source in placements:
+        seen, queue = {source: 0}, deque([source])
+        while queue:
+            p = queue.popleft()
+            for a in set(p):
+                on = [m for m in range(count) if p[m] == a]
+                for r in range(1, len(on) + 1):
+                    for moved in itertools.combinations(on, r):
+                        for b in set(range(ndim)) - {a}:
+                            q = tuple(b if m in moved else p[m] for m in range(count))
+                            if q not in seen:
+                                seen[q] = seen[p] + 1
+                                queue.append(q)
+        assert all(apart[index[source], index[q]] == d for q, d in seen.items()), source
+
+
+SHUTTLE_CASES = int(60 * SCALE)
+
+
+def test_the_relaxed_moves_of_a_spectral_term_are_a_lower_bound():
+    """`Search.shuttling` (the fewest moves of the relaxed problem, `Shuttles`, each at its
+    least price) from random layouts of an FNO layer's spectral term, alone, costs at most
+    what the exhaustive search finds: to any end (padded allowed, as a sum's term may end),
+    and to an unpadded one (its `unpads` variant). Random grids, batch and width, meshes,
+    cost models."""
+    checked = 0
+    for i in range(SHUTTLE_CASES):
+        rng = np.random.default_rng([2030, i])
+        grid = [(8,), (4, 4), (8, 4), (6,), (4, 6)][int(rng.integers(5))]
+        batch, width = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        op = spectral_convolution(batch, width, grid, tuple(max(1, n // 2) for n in grid), F64, "spectral")
+        mesh = MESHES[int(rng.integers(len(MESHES)))]
+        prog = chain([op], op.domain_shape)
+        layout = random_layout(rng, op.domain_shape, mesh)
+        cost = CostModel(latency_bytes=LATENCIES[int(rng.integers(3))], training=bool(rng.random() < 0.7))
+        fast = Search(mesh, cost, False)
+        ctx = fast.context(prog, prog.shape, prog.dtype.itemsize, True)
+        for unpads, padded in [(None, True), (math.inf, False)]:
+            exact = Search(mesh, cost, False, exhaustive=True, max_states=ORACLE_STATES)
+            least = math.inf
+            try:
+                ends = exact.explore(exact.context(prog, prog.shape, prog.dtype.itemsize, True), [layout],
+                                     Goal.any(), padded=padded)
+                least = next(c[0] for c, state, _, _ in ends if state is not None)
+            except (PlanningError, StopIteration):
+                pass
+            bound = fast.shuttling(ctx, 0, fast.intern(layout), unpads)
+            assert bound <= least * (1 + 1e-12), (i, op, mesh, layout, cost, unpads, bound, least)
+            checked += bound > 0
+    assert checked >= 0.3 * SHUTTLE_CASES, checked
+
+
 EXIT_CASES = int(40 * SCALE)
 
 
@@ -494,6 +557,7 @@ def _regression_cases():
     K = po.kron(M, R)
     I = lambda n, dtype=F64: po.Identity(n, dtype)  # noqa: E731
     abc = {"a": 2, "b": 2, "c": 2}
+    rdft, row = po.kron(po.DFT(4, F64, "ortho"), I(4), I(3)), po.kron(I(4), po.Matrix(1, 4, F64), I(3))
     return {
         # a departure forced only by the goal keeps the mesh axes it shares with the goal
         # ('b' of ('b', 'a')); it was priced as if it gave them all up and took them back
@@ -536,6 +600,12 @@ def _regression_cases():
             [spectral_convolution(3, 2, (8,), (4,), F64, "spectral") + channel_mixing(3, 2, 2, (8,), F64, "skip")],
             (3, 2, 8), {"a": 2, "b": 2}, ((), ("b",), ()), CostModel(float(2**20), training=False), False,
             default_goal(((), ("b",), ()), (3, 2, 8), {"a": 2, "b": 2})),
+        # the move that unpads an axis parked padded through a sum (3 over 'a') was priced at
+        # the least size in the sum's first term; it may come after the sum, once the Matrix
+        # has shrunk the tensor
+        "a padded axis unpadded after the sum": (
+            [row.H @ row @ (rdft.H + 2.0 * rdft.H) @ rdft], (4, 4, 3), {"a": 4}, (("a",), (), ()),
+            CostModel(float(2**20), training=False), False, default_goal((("a",), (), ()), (4, 4, 3), {"a": 4})),
         # a move within the chain's first operator was priced at the size the tensor has
         # after the later operators (which grow it)
         "the size of a move within a chain": (

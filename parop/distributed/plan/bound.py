@@ -14,6 +14,8 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, NamedTuple
 
+import numpy as np
+
 from ..layout import Layout, layouts
 from .context import Context, bits
 from .errors import PlanningError
@@ -28,6 +30,7 @@ LEAVING_STATES = 256  # the most states `LowerBound.leaving` searches a term for
 ALONE_STATES = 1_000  # the most states `LowerBound.entry_bound` searches an operator unlike the chain's others for
 BOUNDARY_STATES = 1_000  # the most states each search of `LowerBound.boundary` runs
 PLACEMENTS = 4_096  # the most layouts `LowerBound.onward` tries
+SHUTTLES = 512  # the most placements of the mesh axes in use `LowerBound.shuttling` solves over
 
 
 class Spread(NamedTuple):
@@ -127,7 +130,8 @@ class LowerBound:
             self._exit_goals[lay] = Goal.layout(lay.value)
         return self._exit_goals[lay]
 
-    def bound(self, state, goal: Goal, lines: dict | None = None, loose: bool = False, fork: bool = True) -> float:
+    def bound(self, state, goal: Goal, lines: dict | None = None, loose: bool = False, fork: bool = True,
+              padded: bool = False) -> float:
         """A lower bound on the cost from `state` to the end (0 for the oracle). See
         `chain_line`; a sum's later terms add their own, from the sum's entry layout
         (`term_bound`; `loose`: their `line`s alone, no search); inside a term, the rest
@@ -144,13 +148,23 @@ class LowerBound:
         later term's cost of leaving the entry layout, `departing`, and the chain's later
         operators), each raised where no mesh axis can come or go by the moves the terms
         make to the exit (`regrouping`), and the program on from an exit that far
-        (`tails`); the larger of this and the bound above is returned."""
+        (`tails`); the larger of this and the bound above is returned.
+
+        In a sum's first term at the top of the program (`padded`: the search may end in a
+        padded layout, which it may not then), the term's `line` and `parking` also count
+        the moves that unpad its padded axes (`unpads`): the program ends unpadded, so each
+        such move comes in the term or after the sum, where nothing else counts it; priced
+        at the least bytes of the term or of the program after the sum. Not in the case
+        that ends at a padded entry (the program on from there counts that move), nor
+        where `regrouping` counts the moves after the sum (`tails`). An FNO layer that
+        parks a mesh axis on a batch axis it does not divide (the 4-D 8-layer
+        `local_kernel` chain at batch 7: 19.1 k states to 11.4 k)."""
         if self.exhaustive or self.permutes:
             return 0.0
         fr, ctx, done, lay = state
         if fr is None:
             return self.chain_line(ctx, done, lay, goal)
-        found = self._frame_bounds.get((fr, goal, loose))  # the goal: the program's end, in the bound past the sum
+        found = self._frame_bounds.get((fr, goal, loose, padded))  # the goal: the program's end, in the bound past it
         if found is None:
             parent, after, j, k, entry, exit_ = fr.value[-1]
             top = len(fr.value) == 1
@@ -186,10 +200,15 @@ class LowerBound:
                 staying = sum(max(self.line(term, 0, entry, back), self.term_bound(term, entry, None)) for term in terms)
                 from_entry = ((self.segment_line(parent, after, entry, goal), self.chain_line(parent, after, entry, goal))
                               if top else (0.0, 0.0))
-                forked = (back, staying, from_entry, sum(leaving), moves)
-            found = self._frame_bounds[fr, goal, loose] = (rest, later, ends if k > 0 else None, k == 0 and last,
-                                                           forked)
-        rest, later, ends, last, forked = found
+                place = self.placement(entry, None)
+                whole = not any(n % split for n, split in zip(ctx.sizes(0), place.splits))  # an unpadded entry
+                forked = (back, staying, from_entry, sum(leaving), moves, whole)
+            unpads = self.unpads(parent, after, j) if top and k == 0 and not padded else None
+            if unpads is not None and terms and self.fixed(entry, [ctx] + terms):
+                unpads = None  # `regrouping` counts the moves after the sum (`tails`)
+            found = self._frame_bounds[fr, goal, loose, padded] = (rest, later, ends if k > 0 else None,
+                                                                   k == 0 and last, forked, unpads)
+        rest, later, ends, last, forked, unpads = found
         if later is not None:
             parent, before, known = later
             later = known.get(lay)
@@ -197,27 +216,51 @@ class LowerBound:
                 later = known[lay] = self.later(parent, before, lay, goal)
             rest += later
         ends = goal if last else ends
-        here = None if lines is None else lines.get(ends)
-        if here is None:
-            here = max(self.line(ctx, done, lay, ends), self.parking(ctx, done, lay))
+        # in a sum's first term at the top, a padded axis loses its split in this term or after the sum, which
+        # nothing else here counts (but the program on from a padded entry, and `tails`: not with them)
+        memo = (ends, unpads)
+        unpadded = None if lines is None else lines.get(memo)
+        if unpadded is None:
+            unpadded = max(self.line(ctx, done, lay, ends, unpads=unpads), self.parking(ctx, done, lay, unpads),
+                           self.shuttling(ctx, done, lay, unpads))
             if lines is not None:
-                lines[ends] = here
+                lines[memo] = unpadded
         if fork and forked is not None:
             # the sum ends where it started, or every later term leaves that layout
-            back, staying, (own, chained), leaving, moves = forked
+            back, staying, (own, chained), leaving, moves, whole = forked
             later = later or 0.0
             staying += max(own + later, chained)
-            stay, leaving = here, leaving + here + later
+            stay = unpadded
+            if not whole and unpads is not None:  # the program on from the padded entry counts its unpadding
+                stay = max(self.line(ctx, done, lay, ends), self.parking(ctx, done, lay),
+                           self.shuttling(ctx, done, lay))
+            leaving += unpadded + later
             if moves is not None:
-                stay, leaving = self.regrouping(ctx, done, lay, here, stay, leaving, *moves)
+                stay, leaving = self.regrouping(ctx, done, lay, unpadded, stay, leaving, *moves)
             if leaving > stay + staying:  # else the arrivals back to the entry cannot lower the lesser case
                 stay = max(stay, self.arriving(ctx, done, lay, back, stay))
                 # the line back (a one-layer 4-D FNO: 5.9 k states to 3.4 k); where weights are pinned
                 # it raises the bound at few states (12 % in dfno's chain at batch 4), and costs more time
                 if leaving > stay + staying and not self.pinned:
                     stay = max(stay, self.line(ctx, done, lay, back))
-            return max(here + rest, min(stay + staying, leaving))
-        return here + rest
+            return max(unpadded + rest, min(stay + staying, leaving))
+        return unpadded + rest
+
+    def unpads(self, parent: Context, after: int, j: int) -> float | None:
+        """For the first term of the sum `j` of `parent` (a program, or a chain), where the
+        search ends unpadded: the least bytes of the tensor after the sum, where each step
+        of its operator after it keeps every size and none can drop a mesh axis (no
+        `psum`, no dense `Matrix`): a padded axis of the term then loses its split by moves,
+        in the term or after the sum, before the operator ends (or its barrier runs)
+        unpadded, see `bound`; None elsewhere (memoised)."""
+        key = (parent, after, j)
+        if key not in self._unpads:
+            segment = next(seg for seg in parent.segments if seg >> j & 1)
+            rest = segment & ~after
+            keeps = (not (parent.psum_steps | parent.dense) & rest
+                     and all(parent.steps[i].in_sizes == parent.steps[i].out_sizes for i in bits(rest)))
+            self._unpads[key] = parent.least_bytes(after) if keeps else None
+        return self._unpads[key]
 
     def term_bound(self, term: Context, entry: Interned, ends: Goal | None) -> float:
         """A lower bound on a sum's term from the sum's entry layout to its exit (`ends`;
@@ -525,7 +568,7 @@ class LowerBound:
         return min((price[0] for _, _, price, _, _ in self.step_moves((here.sizes, here.itemsize, lay), None, here)),
                    default=math.inf)
 
-    def parking(self, ctx: Context, done: int, lay: Interned) -> float:
+    def parking(self, ctx: Context, done: int, lay: Interned, unpads: float | None = None) -> float:
         """A lower bound on the collectives still to come on one line of data (a term of
         a sum), from where its mesh axes must be parked (memoised; 0 unless no step can
         sum a split away or gather one, and none is a sum; `math.inf` where the mesh axes
@@ -586,14 +629,16 @@ class LowerBound:
           mesh axes it names (those in use; the others not counted). An FNO layer must
           take its mesh axes to its spectral weight's, and give them up again for the
           inverse DFTs (the 4-D `local_kernel` chain pinned at batch 2: 6.9 k states to
-          4.4 k)."""
-        parks = self._parks.get(ctx)
-        if parks is None:  # none where no step is crowded even with every mesh axis in use, nor weighted
-            parks = not (ctx.psum_steps | ctx.dense | ctx.sums) and bool(ctx.crowded(self.mesh_used) or ctx.pointwise)
-            self._parks[ctx] = parks
-        if not parks:
+          4.4 k).
+
+        `unpads` (see `bound`): a tensor axis that no mesh axis in use splits evenly at the
+        term's end is also one that a step after each `j` needs whole (the program ends
+        unpadded), and the moves are priced at the least of `unpads` too (they may come
+        after the sum). A batch axis of 7 that holds a mesh axis of 8 at the spectral
+        weight gives it up again."""
+        if not self.parks(ctx):
             return 0.0
-        key = (ctx, done, lay)
+        key = (ctx, done, lay, unpads)
         found = self._parking.get(key)
         if found is not None:
             return found
@@ -604,16 +649,18 @@ class LowerBound:
         placed = tuple((size, a) for size, a, _ in named)
         sizes = tuple(size for size, _, _ in named)
         on = [tuple(sorted(self.mesh_sizes[m] for m in axes if self.mesh_sizes[m] > 1)) for axes in lay.value]
+        ending = 0 if unpads is None else self.uneven_end(ctx, sizes)
 
         def around(j: int) -> tuple:  # the tensor axes a pending step before `j` needs whole, and after; spreads
             before = ctx.axes(ctx.ancestors[j] & pending)[0]
             spread = tuple((a, n) for a in bits(before) if on[a]
                            for n in [ctx.spread_before(done, j, a, on[a])] if n > 1)
-            return before, ctx.axes(ctx.descendants[j] & pending)[0], spread, ctx.spread_after(done, j, sizes)
+            return before, ctx.axes(ctx.descendants[j] & pending)[0] | ending, spread, ctx.spread_after(done, j, sizes)
 
         found = 0.0
         if placed:
-            price = self.move_price(ctx, done, placed[-1][0])
+            # with `unpads`, an axis whole only for the end may give up its mesh axes after the sum
+            price = self.move_price(ctx, done, placed[-1][0], unpads)
             latency = self.cost.latency_bytes if self.cost.training else 0.0
             weighted = {j: rooms for j, _, rooms in ctx.pointwise}
             for j in weighted.keys() | set(ctx.crowded(sizes)):
@@ -632,6 +679,68 @@ class LowerBound:
                 holders = tuple((where[m][0], b, where[m][1]) for b, names, _, _ in splits for m in names if m in where)
                 found = max(found, _moves(placed, holders, *around(j)) * price)
         self._parking[key] = found
+        return found
+
+    def uneven_end(self, ctx: Context, sizes: tuple[int, ...]) -> int:
+        """The tensor axes (a bit mask) that no mesh axis of `sizes` splits evenly at the
+        end of `ctx`: whole there, where it must end unpadded (memoised)."""
+        key = (ctx, frozenset(sizes))
+        found = self._uneven_ends.get(key)
+        if found is None:
+            found = self._uneven_ends[key] = sum(1 << b for b, n in enumerate(ctx.sizes(ctx.full))
+                                                 if all(n % size for size in key[1]))
+        return found
+
+    def parks(self, ctx: Context) -> bool:
+        """Whether `parking` and `shuttling` may find anything in `ctx`: no step can sum a
+        split away or gather one, none is a sum, and one is crowded even with every mesh axis
+        in use, or weighted (memoised)."""
+        found = self._parks.get(ctx)
+        if found is None:
+            found = self._parks[ctx] = (not (ctx.psum_steps | ctx.dense | ctx.sums)
+                                        and bool(ctx.crowded(self.mesh_used) or ctx.pointwise))
+        return found
+
+    def shuttling(self, ctx: Context, done: int, lay: Interned, unpads: float | None = None) -> float:
+        """A lower bound on the moves still to come in a sum's term, from `(done, lay)`: the
+        fewest of a relaxed problem (`Shuttles`: the mesh axes in use move between tensor
+        axes, steps run where they fit), each at its least price (memoised; 0 where
+        `parking` finds nothing, none being crowded nor weighted, where a weight is pinned
+        (`parking`'s count for the pins is more), or where the placements are too many).
+        With `unpads` (see `bound`) the term ends unpadded, and a move may come after the
+        sum. A 3-D FNO layer whose three grid axes each hold a mesh axis: each must be
+        whole for its DFT and again for its inverse, with the channel and batch axes too
+        small to hold them all while the spectral weight runs."""
+        if not self._parks.get(ctx, True):  # (`parking` runs first and fills it)
+            return 0.0
+        key = (ctx, done, lay, unpads)
+        found = self._shuttled.get(key)
+        if found is None:
+            if not self.parks(ctx) or self.pinned_splits(ctx):  # with pins, `parking` counts more (measured)
+                return 0.0
+            sizes, index = self.placed(lay)
+            found = 0.0
+            if sizes and len(ctx.shape) ** len(sizes) <= SHUTTLES:
+                shuttles, ends = self.tables.shuttles, (ctx, sizes, unpads is not None)
+                table = shuttles.get(ends)
+                if table is None:
+                    table = shuttles[ends] = Shuttles(ctx, sizes, unpads is not None)
+                moves = table.fewest(done)[index]
+                if moves:
+                    found = moves * self.move_price(ctx, done, min(sizes), unpads)
+            self._shuttled[key] = found
+        return found
+
+    def placed(self, lay: Interned) -> tuple[tuple[int, ...], int]:
+        """The sizes of the mesh axes in use in `lay` (by name), and the index of its
+        placement among `Shuttles.placements` (memoised)."""
+        found = self._placed.get(lay)
+        if found is None:
+            named = sorted((m, a) for a, axes in enumerate(lay.value) for m in axes if self.mesh_sizes[m] > 1)
+            index = 0
+            for _, a in named:
+                index = index * len(lay.value) + a
+            found = self._placed[lay] = (tuple(self.mesh_sizes[m] for m, _ in named), index)
         return found
 
     def fixed(self, entry: Interned, terms: list) -> bool:
@@ -669,10 +778,12 @@ class LowerBound:
         ways = 2 if self.cost.training else 1
         return ways * (self.cost.latency_bytes + nbytes * (pieces - 1) / pieces / self.devices)
 
-    def move_price(self, ctx: Context, done: int, smallest: int) -> float:
+    def move_price(self, ctx: Context, done: int, smallest: int, unpads: float | None = None) -> float:
         """The least price of an `all_to_all` from `(done, ...)` on, over mesh axes of least
-        size `smallest`: of the smallest tensor a later state can hold."""
-        return self.all_to_all_price(ctx.least_bytes(done), smallest)
+        size `smallest`: of the smallest tensor a later state can hold (or `unpads` bytes
+        where less: one that may come after the sum, see `bound`)."""
+        least = ctx.least_bytes(done)
+        return self.all_to_all_price(least if unpads is None or unpads > least else unpads, smallest)
 
     def most_move_price(self, ctx: Context, done: int) -> float:
         """The most a collective from `(done, ...)` on costs that the bounds count as one
@@ -814,14 +925,16 @@ class LowerBound:
         found = self._waypoints[key] = tuple(found)
         return found
 
-    def line(self, ctx: Context, done: int, lay: Interned, goal: Goal | None, scope: int = -1) -> float:
+    def line(self, ctx: Context, done: int, lay: Interned, goal: Goal | None, scope: int = -1,
+             unpads: float | None = None) -> float:
         """A lower bound on the collectives still to come on one line of data (a program,
         or a term of a sum), from layout `lay` with `done` steps done.
 
         *Departures*: a tensor axis that is split and that a pending step needs whole,
         that is padded (but in a sum's term, `Context.term`: the terms may end in a padded
-        exit, unpadded after the sum), or that holds a mesh axis the goal does not want
-        there, needs a collective with that axis as its source (no collective has two
+        exit, unpadded after the sum; unless `unpads`, the least bytes of the tensor after
+        the sum, where the program ends unpadded, see `bound`), or that holds a mesh axis
+        the goal does not want there, needs a collective with that axis as its source (no collective has two
         sources); it comes before the first step that needs the axis whole. *Arrivals*: a tensor axis
         that must end with mesh axes it does not safely hold (it lacks them, or it must
         become whole or unpadded first, losing them; a departure for the goal alone takes
@@ -863,7 +976,7 @@ class LowerBound:
         stencils, the largest of their bounds is.
 
         `scope` (a mask of steps) limits it to the operator of a chain that runs now."""
-        key = (ctx, done, lay, goal, scope)
+        key = (ctx, done, lay, goal, scope, unpads)
         cached = self._lines.get(key)
         if cached is not None:
             return cached
@@ -873,7 +986,7 @@ class LowerBound:
         needed = ctx.axes(pending)[0]
         whole = 0  # the departures that take every mesh axis away (a bit mask of tensor axes, as below)
         for a in place.split:
-            if (sizes[a] % splits[a] and not ctx.term) or needed >> a & 1:
+            if (sizes[a] % splits[a] and (unpads is not None or not ctx.term)) or needed >> a & 1:
                 whole |= 1 << a
         departures = whole | place.conflicts
         counted = {}  # split HALO axes that lose every mesh axis too -> `collectives` with them
@@ -881,7 +994,8 @@ class LowerBound:
         def collectives(gone: int) -> float:
             found = counted.get(gone)
             if found is None:
-                found = counted[gone] = self.collectives(ctx, done, place, scope, departures | gone, whole | gone)
+                found = counted[gone] = self.collectives(ctx, done, place, scope, departures | gone, whole | gone,
+                                                         unpads)
             return found
 
         total = collectives(0)
@@ -977,7 +1091,7 @@ class LowerBound:
         return total
 
     def collectives(self, ctx: Context, done: int, place: Placement, scope: int, departures: int,
-                    whole: int) -> float:
+                    whole: int, unpads: float | None = None) -> float:
         """`line`'s count of the collectives but the halo exchanges, given the tensor
         axes that depart (`departures`, a bit mask; `whole`: those that lose every mesh
         axis)."""
@@ -1024,7 +1138,7 @@ class LowerBound:
             moving = departures & ~summable
             if moving:
                 smallest = min([place.smallest[a] for a in bits(moving)])
-                total += self.moves_price(ctx, done, scope, moving, smallest, False)[0]
+                total += self.moves_price(ctx, done, scope, moving, smallest, False, unpads)[0]
             if arrivals:
                 total += self.arrivals_price(ctx, done, place, scope, arrivals, whole, freed, bool(summable),
                                              dense or bool(summed))
@@ -1033,14 +1147,15 @@ class LowerBound:
         return total
 
     def moves_price(self, ctx: Context, done: int, scope: int, axes: int, smallest: int,
-                    arriving: bool) -> tuple[float, float]:
+                    arriving: bool, unpads: float | None = None) -> tuple[float, float]:
         """`line`'s least prices of the `all_to_all`s of mesh axes of least size `smallest`,
         one departing from (or, `arriving`, one arriving on) each tensor axis in `axes` (a
         mask), forward and backward when training: each moves at least the bytes the
         tensor has then (`Context.departure_bytes`, `arrival_bytes`; for an axis no pending
-        step needs whole, `least_bytes`). `(their sum, the sum of each's or a split's
-        price, whichever is less)`, memoised: many states share them."""
-        key = (ctx, done, scope, axes, smallest, arriving)
+        step needs whole, `least_bytes`, or `unpads` where less: it may move after a sum's
+        term, see `line`). `(their sum, the sum of each's or a split's price, whichever is
+        less)`, memoised: many states share them."""
+        key = (ctx, done, scope, axes, smallest, arriving, unpads)
         found = self.tables.prices.get(key)
         if found is None:
             ways = 2 if self.cost.training else 1
@@ -1049,7 +1164,8 @@ class LowerBound:
             carried = (smallest - 1) / smallest / self.devices
             needy = bits(axes & ctx.axes(~done & scope)[0])
             sizes = (ctx.arrival_bytes if arriving else ctx.departure_bytes)(done, needy, scope) if needy else []
-            sizes = sizes + [ctx.least_bytes(done)] * (axes.bit_count() - len(needy))
+            least = ctx.least_bytes(done) if unpads is None else min(ctx.least_bytes(done), unpads)
+            sizes = sizes + [least] * (axes.bit_count() - len(needy))
             costs = [ways * (latency + size * carried) for size in sizes]
             found = self.tables.prices[key] = (sum(costs), sum(min(c, split) for c in costs))
         return found
@@ -1233,7 +1349,8 @@ def _moves(placed: tuple[tuple[int, int], ...], holders: tuple[tuple[int, int, i
     after = leaving.bit_count()
     if spread_after:
         for b in bits(leaving):
-            after = max(after, spread_after[b][loads[b]])
+            if spread_after[b]:  # () for an axis whole after only for the end (`parking`'s `unpads`)
+                after = max(after, spread_after[b][loads[b]])
     return before + after
 
 
@@ -1383,3 +1500,98 @@ def _placements(rank: int, names: tuple[str, ...]) -> Iterator[Layout]:
         for a, axes in enumerate(lay):
             for i in range(len(axes) + 1):
                 yield lay[:a] + (axes[:i] + (last,) + axes[i:],) + lay[a + 1:]
+
+
+class Shuttles:
+    """The fewest moves of a relaxed problem, from each state of one line of data (a
+    sum's term) to its end (see `LowerBound.shuttling`): a state is the steps done and
+    the tensor axis that holds each mesh axis in use (`placements`: every assignment,
+    the order of mesh axes on an axis forgotten); a move takes any of the mesh axes on
+    one tensor axis to one other; a step runs where no mesh axis sits on an axis it
+    needs whole and every axis holds fewer pieces than its room then
+    (`Context.rooms`); the end, every step done, and (`unpadded`) every axis split
+    evenly. Every real route maps to a relaxed one with as many moves (an `all_to_all`
+    moves mesh axes from one tensor axis to one other; nothing else moves one in use
+    where no step can sum one away), so its fewest moves are a lower bound. Solved
+    backwards over the masks of steps done, memoised (numpy over the placements).
+
+    A 3-D FNO layer's spectral term, its three grid axes split over mesh axes of 8, 4
+    and 2: each grid axis must be whole for its DFT and again for its inverse, and the
+    channel axis of 4 holds the mesh axis of 8 at no time, nor any while the spectral
+    weight runs: eight moves at least (the cheapest route makes ten), where one departure
+    per axis counts three.
+    """
+
+    def __init__(self, ctx: Context, sizes: tuple[int, ...], unpadded: bool):
+        self.ctx, self.unpadded = ctx, unpadded
+        ndim = len(ctx.shape)
+        self.placements = np.array(list(itertools.product(range(ndim), repeat=len(sizes))), dtype=np.int64)
+        # the pieces each tensor axis is split into, per placement
+        self.loads = np.ones((len(self.placements), ndim), dtype=np.int64)
+        for i, size in enumerate(sizes):
+            self.loads[np.arange(len(self.placements)), self.placements[:, i]] *= size
+        self.distance = self.apart(ndim, len(sizes))
+        self.solved: dict[int, np.ndarray] = {}
+        self.memo: dict[int, list[float]] = {}
+
+    @staticmethod
+    @functools.lru_cache(maxsize=16)  # a pure function of two small integers: a bounded memo
+    def apart(ndim: int, count: int) -> np.ndarray:
+        """The fewest relaxed moves between any two placements of `count` mesh axes on
+        `ndim` tensor axes (`placements`' order): breadth first over the moves, by
+        products of boolean matrices (each mesh axis moves at most once: `count` rounds).
+        Moving mesh axes 0, 1 (on axis 0) and 2 (on axis 1) to axes 1, 2 and 2 takes two
+        moves, not one per pair of axes: 0 and 1 to axis 1, then 1 and 2 on to axis 2.
+
+        >>> d = Shuttles.apart(3, 3)
+        >>> int(d[0 * 9 + 0 * 3 + 1, 1 * 9 + 2 * 3 + 2])
+        2
+        """
+        placements = list(itertools.product(range(ndim), repeat=count))
+        index = {p: i for i, p in enumerate(placements)}
+        step = np.zeros((len(placements), len(placements)), dtype=bool)
+        for i, p in enumerate(placements):
+            for a in set(p):
+                on = [m for m in range(count) if p[m] == a]
+                for r in range(1, len(on) + 1):
+                    for moved in itertools.combinations(on, r):
+                        for b in range(ndim):
+                            if b != a:
+                                q = list(p)
+                                for m in moved:
+                                    q[m] = b
+                                step[i, index[tuple(q)]] = True
+        distance = np.where(np.eye(len(placements), dtype=bool), 0, count + 1)
+        reached = np.eye(len(placements), dtype=bool)
+        for d in range(1, count + 1):
+            reached = reached | (reached.astype(np.int32) @ step.astype(np.int32) > 0)
+            distance = np.where(reached & (distance > d), d, distance)
+        return distance
+
+    def fewest(self, done: int) -> list[float]:
+        """The fewest relaxed moves to the end from `done`, per placement (`math.inf`: none)."""
+        found = self.memo.get(done)
+        if found is None:
+            found = self.memo[done] = self.solve(done).tolist()
+        return found
+
+    def solve(self, done: int) -> np.ndarray:
+        """`fewest` as an array (memoised)."""
+        found = self.solved.get(done)
+        if found is None:
+            ctx = self.ctx
+            if done == ctx.full:
+                end = np.zeros(len(self.placements))
+                if self.unpadded:
+                    sizes = np.array(ctx.sizes(done))
+                    end[(sizes[None, :] % self.loads).any(axis=1)] = math.inf
+                ready = end
+            else:
+                ready = np.full(len(self.placements), math.inf)
+                for j in range(len(ctx.steps)):
+                    if not done >> j & 1 and not ctx.preds[j] & ~done:
+                        rooms = np.array(ctx.rooms(done, j))
+                        fits = ((self.loads == 1) | (self.loads < rooms[None, :])).all(axis=1)
+                        ready = np.minimum(ready, np.where(fits, self.solve(done | 1 << j), math.inf))
+            found = self.solved[done] = (self.distance + ready[None, :]).min(axis=1)
+        return found

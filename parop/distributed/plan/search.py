@@ -170,6 +170,7 @@ class Tables:
         self.prices: dict = {}  # (context, done, scope, tensor axes, ...) -> `Search.moves_price`
         self.operators: dict = {}  # (chain context, i) -> its operator i's program
         self.terms: dict = {}  # a sum's term's class (`Search.term_class`) -> its `term_bound` or `departing`
+        self.shuttles: dict = {}  # (context, mesh axis sizes in use, unpadded end) -> `Shuttles`
 
 
 class Search(LowerBound):
@@ -198,6 +199,10 @@ class Search(LowerBound):
         self._nodes: dict = {}
         self._lines: dict = {}
         self._parking: dict = {}
+        self._shuttled: dict = {}
+        self._unpads: dict = {}
+        self._uneven_ends: dict = {}
+        self._placed: dict = {}
         self._parks: dict = {}  # context -> whether `parking` may find anything in it
         self._adjacencies: dict = {}
         self._waypoints: dict = {}
@@ -351,8 +356,8 @@ class Search(LowerBound):
             if start not in best:
                 best[start] = ZERO
                 back[start] = (None, forced)
-                heap.append(((max(self.bound(start, goal), learned.get(start, 0.0)),) + ZERO[1:], next(tie), ZERO,
-                             start, False))
+                heap.append(((max(self.bound(start, goal, padded=padded), learned.get(start, 0.0)),) + ZERO[1:],
+                             next(tie), ZERO, start, False))
         heapq.heapify(heap)
         accepted: dict = {}
 
@@ -377,8 +382,8 @@ class Search(LowerBound):
             loose = False
             if bounds is None:
                 fr = nxt[0]
-                loose = fr is not None and (fr, goal, False) not in frame_bounds
-                bound = bound_of(nxt, goal, lines, loose, fork=False)
+                loose = fr is not None and (fr, goal, False, padded) not in frame_bounds
+                bound = bound_of(nxt, goal, lines, loose, fork=False, padded=padded)
                 loose = loose or (fr is not None and fr.value[-1][3] == 0)
             else:
                 bound = bounds.get(goal)
@@ -394,7 +399,7 @@ class Search(LowerBound):
             if best[state] < cost:
                 continue
             if loose:  # its whole bound now: pushed back if that is more
-                exact = (cost[0] + bound_of(state, goal), cost[1], cost[2], cost[3])
+                exact = (cost[0] + bound_of(state, goal, padded=padded), cost[1], cost[2], cost[3])
                 if exact > key:
                     push(heap, (exact, next(tie), cost, state, False))
                     continue
