@@ -32,6 +32,7 @@ import math
 import os
 import re
 import time
+from collections import deque
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,7 @@ import parop as po
 import parop.distributed.plan.search as search_module
 from parop.distributed.layout import layout_of, layouts
 from parop.distributed.plan import CostModel, Goal, Plan, program
+from parop.distributed.plan.bound import Shuttles
 from parop.distributed.plan.goal import counts_goal, default_goal
 from parop.distributed.plan.plan import walk
 from parop.distributed.plan.program import chain
@@ -447,9 +449,6 @@ def test_the_relaxed_moves_between_placements_are_the_fewest(ndim, count):
     """`Shuttles.apart` (products of boolean matrices) against a breadth-first search over
     the relaxed moves (any of the mesh axes on one tensor axis to one other): chains of
     moves may beat one move per (source, target) pair, and the bound must not count more."""
-    from collections import deque
-    from parop.distributed.plan.bound import Shuttles
-
     placements = list(itertools.product(range(ndim), repeat=count))
     index = {p: i for i, p in enumerate(placements)}
     apart = Shuttles.apart(ndim, count)
