@@ -178,6 +178,7 @@ class LowerBound:
             # in use now, cached with the frame per layout; the sum may still psum)
             later = (parent, after & ~(1 << j), {}) if top and k == 0 else None
             last = top and after == parent.full  # the sum ends the program: its exit is the output
+            fixed = k == 0 and bool(terms) and self.fixed(entry, [ctx] + terms)
             forked = None
             if k == 0 and not loose and terms and (not last or goal is Goal.any()):
                 back = self.exit_goal(entry)
@@ -185,7 +186,7 @@ class LowerBound:
                 # where no mesh axis can come or go, the terms' moves to the exit (`regrouping`): the later
                 # terms' least cost to an exit `d` moves from the entry, for d = 1, 2, ...
                 moves = None
-                if self.fixed(entry, [ctx] + terms):
+                if fixed:
                     prices = [self.move_price(term, 0, min(self.mesh_used)) for term in terms]
                     apart = [sum(max(least, d * price) for least, price in zip(leaving, prices))
                              for d in range(1, len(self.mesh_used) + 1)]
@@ -203,9 +204,8 @@ class LowerBound:
                 place = self.placement(entry, None)
                 whole = not any(n % split for n, split in zip(ctx.sizes(0), place.splits))  # an unpadded entry
                 forked = (back, staying, from_entry, sum(leaving), moves, whole)
-            unpads = self.unpads(parent, after, j) if top and k == 0 and not padded else None
-            if unpads is not None and terms and self.fixed(entry, [ctx] + terms):
-                unpads = None  # `regrouping` counts the moves after the sum (`tails`)
+            # (not where `regrouping` counts the moves after the sum: `tails`)
+            unpads = self.unpads(parent, after, j) if top and k == 0 and not padded and not fixed else None
             found = self._frame_bounds[fr, goal, loose, padded] = (rest, later, ends if k > 0 else None,
                                                                    k == 0 and last, forked, unpads)
         rest, later, ends, last, forked, unpads = found
@@ -221,8 +221,7 @@ class LowerBound:
         memo = (ends, unpads)
         unpadded = None if lines is None else lines.get(memo)
         if unpadded is None:
-            unpadded = max(self.line(ctx, done, lay, ends, unpads=unpads), self.parking(ctx, done, lay, unpads),
-                           self.shuttling(ctx, done, lay, unpads))
+            unpadded = self.term_line(ctx, done, lay, ends, unpads)
             if lines is not None:
                 lines[memo] = unpadded
         if fork and forked is not None:
@@ -232,8 +231,7 @@ class LowerBound:
             staying += max(own + later, chained)
             stay = unpadded
             if not whole and unpads is not None:  # the program on from the padded entry counts its unpadding
-                stay = max(self.line(ctx, done, lay, ends), self.parking(ctx, done, lay),
-                           self.shuttling(ctx, done, lay))
+                stay = self.term_line(ctx, done, lay, ends, None)
             leaving += unpadded + later
             if moves is not None:
                 stay, leaving = self.regrouping(ctx, done, lay, unpadded, stay, leaving, *moves)
@@ -245,6 +243,11 @@ class LowerBound:
                     stay = max(stay, self.line(ctx, done, lay, back))
             return max(unpadded + rest, min(stay + staying, leaving))
         return unpadded + rest
+
+    def term_line(self, ctx: Context, done: int, lay: Interned, ends: Goal | None, unpads: float | None) -> float:
+        """`line`, `parking` or `shuttling` on a sum's term, whichever is more."""
+        return max(self.line(ctx, done, lay, ends, unpads=unpads), self.parking(ctx, done, lay, unpads),
+                   self.shuttling(ctx, done, lay, unpads))
 
     def unpads(self, parent: Context, after: int, j: int) -> float | None:
         """For the first term of the sum `j` of `parent` (a program, or a chain), where the
@@ -711,12 +714,12 @@ class LowerBound:
         sum. A 3-D FNO layer whose three grid axes each hold a mesh axis: each must be
         whole for its DFT and again for its inverse, with the channel and batch axes too
         small to hold them all while the spectral weight runs."""
-        if not self._parks.get(ctx, True):  # (`parking` runs first and fills it)
+        if not self.parks(ctx):
             return 0.0
         key = (ctx, done, lay, unpads)
         found = self._shuttled.get(key)
         if found is None:
-            if not self.parks(ctx) or self.pinned_splits(ctx):  # with pins, `parking` counts more (measured)
+            if self.pinned_splits(ctx):  # with pins, `parking` counts more (measured)
                 return 0.0
             sizes, index = self.placed(lay)
             found = 0.0
@@ -782,8 +785,8 @@ class LowerBound:
         """The least price of an `all_to_all` from `(done, ...)` on, over mesh axes of least
         size `smallest`: of the smallest tensor a later state can hold (or `unpads` bytes
         where less: one that may come after the sum, see `bound`)."""
-        least = ctx.least_bytes(done)
-        return self.all_to_all_price(least if unpads is None or unpads > least else unpads, smallest)
+        least = ctx.least_bytes(done) if unpads is None else min(ctx.least_bytes(done), unpads)
+        return self.all_to_all_price(least, smallest)
 
     def most_move_price(self, ctx: Context, done: int) -> float:
         """The most a collective from `(done, ...)` on costs that the bounds count as one
