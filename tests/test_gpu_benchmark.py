@@ -56,3 +56,22 @@ def test_the_peer_parameter_count_is_parops(grid, width, modes, layers):
     θ = FNO(grid, width=width, modes=modes, layers=layers).init(jax.random.key(0))
     count = sum(v.size * (2 if np.iscomplexobj(v) else 1) for v in θ.values())
     assert parop_param_count(grid, width, modes, layers) == count
+
+
+def test_failures_for_want_of_devices_are_listed_apart(tmp_path):
+    """On one GPU a test of several devices fails with parop's device check: the report
+    lists it apart from the failures that are wrong answers."""
+    from benchmarks.gpu import failures
+
+    (tmp_path / "r.xml").write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_fno" name="test_a"><failure message="ValueError: FNO.distribute: '
+        'partition (2, 1, 2, 1) needs 4 devices, but 1 are available&#10;more">trace</failure></testcase>'
+        '<testcase classname="tests.test_operators" name="test_b[x]"><failure message="AssertionError: '
+        'not close">trace</failure></testcase>'
+        '<testcase classname="tests.test_operators" name="test_c"/>'
+        '</testsuite></testsuites>')
+    failed, too_few = failures(tmp_path / "r.xml")
+    assert failed == ["FAILED tests/test_operators.py::test_b[x] - AssertionError: not close"]
+    assert too_few == ["FAILED tests/test_fno.py::test_a - ValueError: FNO.distribute: partition (2, 1, 2, 1) "
+                       "needs 4 devices, but 1 are available"]
