@@ -51,6 +51,7 @@ import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import xml.etree.ElementTree as ET  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -360,8 +361,10 @@ def memory_rows(cases: list[dict], timeout: float) -> list[dict]:
 def run_tests(out: Path, timeout: float) -> dict:
     if timeout < 30:
         return {"skipped": f"only {timeout:.0f} s left"}
+    junit = out / "pytest.xml"  # this run's alone: an earlier one's is removed first
+    junit.unlink(missing_ok=True)
     args = [sys.executable, "-m", "pytest", "-q", "-n", "8", "-k", f"not ({NEEDS_DEVICES})",
-            f"--junitxml={out / 'pytest.xml'}", *TESTS]
+            f"--junitxml={junit}", *TESTS]
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     t0 = time.perf_counter()
@@ -374,7 +377,8 @@ def run_tests(out: Path, timeout: float) -> dict:
         code = "timeout"
     (out / "pytest.log").write_text(tail)
     summary = [s for s in tail.splitlines() if " passed" in s or " failed" in s or " error" in s]
-    failed, too_few = failures(out / "pytest.xml") if code != "timeout" else ([], [])
+    failed, too_few = (failures(junit) if junit.exists()
+                       else ([s for s in tail.splitlines() if s.startswith(("FAILED", "ERROR"))], []))
     return {"exit": code, "seconds": time.perf_counter() - t0, "summary": summary[-1] if summary else tail[-300:],
             "failed": failed, "needs_devices": too_few}
 
@@ -382,8 +386,6 @@ def run_tests(out: Path, timeout: float) -> dict:
 def failures(junit: Path) -> tuple[list[str], list[str]]:
     """The failed tests of a JUnit report, as `FAILED module::test - message`, and apart
     from them those that failed only for want of devices (`TOO_FEW_DEVICES`)."""
-    import xml.etree.ElementTree as ET
-
     failed, too_few = [], []
     for case in ET.parse(junit).getroot().iter("testcase"):
         for problem in case.findall("failure") + case.findall("error"):
