@@ -27,6 +27,7 @@
 # %%
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"  # before jax is imported
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # those 8 devices, also where JAX would pick a GPU
 
 import jax
 import jax.numpy as jnp

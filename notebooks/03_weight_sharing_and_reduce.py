@@ -30,6 +30,7 @@
 # %%
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"  # before jax is imported
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # those 8 devices, also where JAX would pick a GPU
 
 import jax
 import jax.numpy as jnp
@@ -101,7 +102,7 @@ D = po.distribute(M, partition=(1, 4))
 θ = po.init(D, key)
 x = rng.standard_normal((20, 100)).astype(np.float32)
 np.testing.assert_allclose(D(θ) @ x, M(θ) @ x, rtol=1e-5, atol=1e-5)
-print(D.plan)
+print(D.plan_for((100,)))  # `D.plan` is planned for 1024 columns a device, where no batch_shape is given
 
 loss = lambda op: jax.jit(jax.grad(lambda θ, x: jnp.sum((op(θ) @ x) ** 2)))
 g_dist, g_serial = loss(D)(θ, x)["w"], loss(M)(θ, x)["w"]
