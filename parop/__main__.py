@@ -16,6 +16,7 @@ import numpy as np
 
 import parop as po
 from parop.distributed.calibrate import median_time
+from parop.distributed.layout import mesh_name
 
 
 DEVICES = 8  # the distributed part's
@@ -45,8 +46,8 @@ def main() -> None:
     x = (rng.standard_normal((n, n, n)) + 1j * rng.standard_normal((n, n, n))).astype(np.complex64)
     want = np.fft.fftn(x)
     for partition in [(8, 1, 1), (2, 2, 2)]:
-        split = [(f"d{i}", p) for i, p in enumerate(partition) if p > 1]  # the default mesh's axes
-        mesh = jax.make_mesh(tuple(p for _, p in split), tuple(n for n, _ in split), devices=devices,
+        split = [(mesh_name(axis), count) for axis, count in enumerate(partition) if count > 1]  # as po.distribute's
+        mesh = jax.make_mesh(tuple(count for _, count in split), tuple(name for name, _ in split), devices=devices,
                              axis_types=(jax.sharding.AxisType.Auto,) * len(split))
         D = po.distribute(F3, partition, mesh=mesh)
         xs = jax.device_put(x, D.in_sharding)
