@@ -143,11 +143,25 @@ def mesh_name(axis: int) -> str:
 
 def check_devices(partition: tuple[int, ...], where: str) -> int:
     """The devices `partition` splits over, or a `ValueError` naming `where` if there are
-    fewer."""
+    fewer (and, where JAX's default backend is not the CPU and the CPU has enough, how to
+    use the CPU's: a machine with one GPU and forced host devices)."""
     total, available = math.prod(partition), len(jax.devices())
     if total > available:
-        raise ValueError(f"{where}: partition {partition} needs {total} devices, but {available} are available")
+        hint, cpus = "", _cpu_devices() if jax.default_backend() != "cpu" else 0
+        if cpus >= total:
+            hint = (f" on {jax.default_backend()} (the CPU has {cpus}: set JAX_PLATFORMS=cpu, or pass a mesh= over "
+                    "jax.devices('cpu'))")
+        raise ValueError(f"{where}: partition {partition} needs {total} devices, but {available} are available{hint}")
     return total
+
+
+def _cpu_devices() -> int:
+    """How many CPU devices JAX has (0 where its CPU backend is not started: JAX_PLATFORMS
+    names others only)."""
+    try:
+        return len(jax.devices("cpu"))
+    except RuntimeError:
+        return 0
 
 
 def default_mesh(partition: tuple[int, ...], where: str, regroup: tuple[int, ...] | None = None
