@@ -10,14 +10,17 @@ runs anywhere, also on the CPU: a smoke test). What it does, in this order:
 
 1. the device, the versions, and the device's copy bandwidth (`copy_bandwidth`: the
    best of two jitted streaming programs, bytes read plus written per second);
-2. 3-D FFTs, complex (c2c) and real-to-complex (r2c), complex64, 256³ and 512³:
+2. the serial operator and FNO tests (`pytest`) on the GPU, those that need 8 devices
+   deselected (a failure that only wants devices is listed apart), first, so that a
+   short budget still checks the answers: in at most half of `--budget`;
+3. 3-D FFTs, complex (c2c) and real-to-complex (r2c), complex64, 256³ and 512³:
    parop's `kron` of DFTs (serial, and distributed on a one-device mesh),
    `jnp.fft.fftn`/`rfftn`, and one `jnp.fft.fft` per axis (what parop's serial kron
    ran before it gave consecutive DFTs to XLA as one multi-axis FFT), each checked
    against SciPy in float64. The roofline is the time to read the input and write
    the output once at the measured copy bandwidth; `roofline / time` is the share of
    it reached;
-3. the FNO training step (Adam, relative L2 loss, float32): the Darcy protocol's 2-D
+4. the FNO training step (Adam, relative L2 loss, float32): the Darcy protocol's 2-D
    model (batch 20, 32², width 32, modes 12², 4 layers) and 3-D models that fill more
    of the GPU (64³ and 96³, width 20, modes 16³, batch 4): parop serial (also with
    `remat=True`), parop on a one-device mesh, the plain-JAX FNO (`benchmarks/plain_fno.py`, from parop's
@@ -25,12 +28,10 @@ runs anywhere, also on the CPU: a smoke test). What it does, in this order:
    against the plain model's, and neuraloperator's FNO configured as the same network
    (`benchmarks/gpu_torch.py`, PyTorch, in a child process, after the JAX candidates);
    then the kernels of parop's and the plain step (`kernels`);
-4. the dry run against the hardware: for the first two FNOs, with and without remat,
+5. the dry run against the hardware: for the first two FNOs, with and without remat,
    in a fresh child process each, `parop.nn.dry_run`'s per-device memory against the
    allocator's peak (`memory_stats()["peak_bytes_in_use"]`) over one real training
-   step;
-5. the serial operator and FNO tests (`pytest`) on the GPU, those that need 8 devices
-   deselected, in the time left of `--budget`.
+   step.
 
 `--skip` leaves sections out; `--render run.json ...` prints the tables of earlier runs.
 Every section writes its results to `DIR/gpu.json` as it ends (and the tables to
@@ -466,7 +467,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, short timing: a smoke test")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu-results"), help="folder for gpu.json, gpu.md")
-    p.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run; the tests get what is left")
+    p.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (the tests, first, at most half)")
     p.add_argument("--skip", nargs="*", default=[], choices=["fft", "fno", "neuralop", "kernels", "memory", "tests"])
     p.add_argument("--render", nargs="+", metavar="JSON", help="print the tables of earlier runs' gpu.json, run nothing")
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
@@ -523,9 +524,9 @@ def main() -> int:
         specs = [dict(case, remat=remat) for case in cases[:2] for remat in (False, True)]
         report.add("memory", memory_rows(specs, timeout=max(30.0, min(120.0, left() / 3))))
 
-    sections = {"fft": ffts, "fno": fno_timings,
+    sections = {"tests": lambda: report.add("tests", run_tests(out, left() / 2)), "fft": ffts, "fno": fno_timings,
                 "kernels": lambda: report.add("kernels", [dict(case, **kernels(case)) for case in cases]),
-                "memory": memory, "tests": lambda: report.add("tests", run_tests(out, left()))}
+                "memory": memory}
     for name, run in sections.items():
         if name not in args.skip:
             report.attempt(name, run)
