@@ -390,7 +390,7 @@ def failures(junit: Path) -> tuple[list[str], list[str]]:
     failed, too_few = [], []
     for case in ET.parse(junit).getroot().iter("testcase"):
         for problem in case.findall("failure") + case.findall("error"):
-            message = problem.get("message", "").splitlines()[0] if problem.get("message") else ""
+            message = (problem.get("message") or "").partition("\n")[0]
             name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
             (too_few if TOO_FEW_DEVICES.search(message) else failed).append(f"FAILED {name} - {message}")
     return failed, too_few
@@ -467,7 +467,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, short timing: a smoke test")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu-results"), help="folder for gpu.json, gpu.md")
-    p.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (the tests, first, at most half)")
+    p.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run; the tests first, in half of it")
     p.add_argument("--skip", nargs="*", default=[], choices=["fft", "fno", "neuralop", "kernels", "memory", "tests"])
     p.add_argument("--render", nargs="+", metavar="JSON", help="print the tables of earlier runs' gpu.json, run nothing")
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)

@@ -147,10 +147,10 @@ def check_devices(partition: tuple[int, ...], where: str) -> int:
     use the CPU's: a machine with one GPU and forced host devices)."""
     total, available = math.prod(partition), len(jax.devices())
     if total > available:
-        hint, cpus = "", _cpu_devices() if jax.default_backend() != "cpu" else 0
-        if cpus >= total:
-            hint = (f" on {jax.default_backend()} (the CPU has {cpus}: set JAX_PLATFORMS=cpu, or pass a mesh= over "
-                    "jax.devices('cpu'))")
+        backend = jax.default_backend()
+        cpus = _cpu_devices() if backend != "cpu" else 0
+        hint = (f" on {backend} (the CPU has {cpus}: set JAX_PLATFORMS=cpu, or pass a mesh= over jax.devices('cpu'))"
+                if cpus >= total else "")
         raise ValueError(f"{where}: partition {partition} needs {total} devices, but {available} are available{hint}")
     return total
 
