@@ -785,8 +785,14 @@ class LowerBound:
         """The least price of an `all_to_all` from `(done, ...)` on, over mesh axes of least
         size `smallest`: of the smallest tensor a later state can hold (or `unpads` bytes
         where less: one that may come after the sum, see `bound`)."""
-        least = ctx.least_bytes(done) if unpads is None else min(ctx.least_bytes(done), unpads)
-        return self.all_to_all_price(least, smallest)
+        return self.all_to_all_price(self.least_moved(ctx, done, unpads), smallest)
+
+    @staticmethod
+    def least_moved(ctx: Context, done: int, unpads: float | None) -> float:
+        """The fewest bytes a move from `(done, ...)` on can take: the smallest tensor a later
+        state can hold, or `unpads` where less (a move that may come after the sum, see
+        `bound`)."""
+        return ctx.least_bytes(done) if unpads is None else min(ctx.least_bytes(done), unpads)
 
     def most_move_price(self, ctx: Context, done: int) -> float:
         """The most a collective from `(done, ...)` on costs that the bounds count as one
@@ -1167,8 +1173,7 @@ class LowerBound:
             carried = (smallest - 1) / smallest / self.devices
             needy = bits(axes & ctx.axes(~done & scope)[0])
             sizes = (ctx.arrival_bytes if arriving else ctx.departure_bytes)(done, needy, scope) if needy else []
-            least = ctx.least_bytes(done) if unpads is None else min(ctx.least_bytes(done), unpads)
-            sizes = sizes + [least] * (axes.bit_count() - len(needy))
+            sizes = sizes + [self.least_moved(ctx, done, unpads)] * (axes.bit_count() - len(needy))
             costs = [ways * (latency + size * carried) for size in sizes]
             found = self.tables.prices[key] = (sum(costs), sum(min(c, split) for c in costs))
         return found
