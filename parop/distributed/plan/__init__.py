@@ -74,6 +74,10 @@ tests compare their costs on hundreds of random operators and partitions), with:
    onto `c`) from the earlier state, which reaches the same state; so the second move
    is not generated.
 
+**Before the search** (`room.py`): where the mesh axes the input uses cannot fit the
+tensor at some step, even after every `psum` that may run before it, "no plan exists"
+at once; a search with sums would otherwise wander through millions of states first.
+
 The planner knows nothing of JAX arrays: it reads shapes, dtypes and mesh axis sizes
 and returns a `Plan` that `lower.py` runs.
 """
@@ -93,6 +97,7 @@ from .errors import PlanningError
 from .goal import Goal, counts_goal, default_goal
 from .plan import Plan, Visit, replay, start, walk, weight_uses
 from .program import Program, Slot, Step, program
+from .room import NoRoom, no_room
 from .search import Search
 
 __all__ = ["CostModel", "Goal", "Plan", "PlanningError", "make_plan", "program"]
@@ -119,6 +124,9 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
     """The cheapest actions for `prog` from `in_layout` to a layout `goal` accepts (with the
     weights in `pinned` split as it says), and the states the search expanded (first its
     cost, `with_cost`); a `ValueError` that says why where there are none."""
+    crowded = no_room(prog, in_layout, mesh_shape, shard_weights)
+    if crowded is not None:  # proved at once: the search could run out of states first
+        raise _no_plan(PlanningError("no plan exists"), prog, in_layout, mesh_shape, where, crowded)
     search = Search(mesh_shape, cost, shard_weights, pinned=pinned)
     try:
         price, actions = search.run(prog, in_layout, goal)
@@ -171,9 +179,10 @@ def _dealing_route(error: PlanningError, prog: Program, in_layout: Layout, mesh_
 
 
 def _no_plan(error: PlanningError, prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
-             where: str) -> PlanningError:
-    """The `ValueError` for a search that found nothing (`error`), saying why where it can
-    (a search that gave up: what to do, for an operator or for a network's chain)."""
+             where: str, crowded: NoRoom | None = None) -> PlanningError:
+    """The `ValueError` for a search that found nothing (`error`), or for a program whose
+    mesh axes fit no step (`crowded`), saying why where it can (a search that gave up:
+    what to do, for an operator or for a network's chain)."""
     if error.gave_up:
         if any(step.barrier for step in prog.steps):
             advice = ("the network is too large to plan as a whole; split fewer axes, or distribute its "
@@ -192,7 +201,7 @@ def _no_plan(error: PlanningError, prog: Program, in_layout: Layout, mesh_shape:
                     for width in [s.leaf.halo_width(a - s.axes[0])] for b, n, p in split if b == a and n // p < width})
     reasons = [f"{', '.join(needs)} must be whole for an operator, so its split must move to another axis that "
                "can hold it"] if needs else []
-    reasons += halos
+    reasons += halos + ([str(crowded)] if crowded is not None else [])
     return PlanningError(
         f"{where}: no plan exists for input shape {prog.shape} split as {spec_of(in_layout)} on mesh "
         f"{dict(mesh_shape)}" + "".join(f"{': ' if k == 0 else '; '}{r}" for k, r in enumerate(reasons))
