@@ -65,23 +65,24 @@ def no_room(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
     """
     sizes = tuple(sorted(n for n in mesh_shape.values() if n > 1))
     used = sum(math.log2(mesh_shape[m]) for axes in in_layout for m in axes if mesh_shape[m] > 1)
-    return _first(prog, used, sizes, bool(shard_weights))
+    return _first_crowded(prog, used, sizes, bool(shard_weights))
 
 
-def _first(prog: Program, used: float, sizes: tuple[int, ...], tensor_parallel: bool) -> NoRoom | None:
+def _first_crowded(prog: Program, used: float, sizes: tuple[int, ...], tensor_parallel: bool) -> NoRoom | None:
     """`no_room` for `prog` entered with at least `used` bits of splits in use."""
     steps = prog.steps
     ancestors = _ancestors(prog)
     drops = [_drop(step, sizes, tensor_parallel) for step in steps]
     for j, step in enumerate(steps):
-        later = {k for k in range(len(steps)) if ancestors[k] >> j & 1}
-        needed = used - sum(drop for k, drop in enumerate(drops) if k != j and k not in later)
+        descendants = {k for k in range(len(steps)) if ancestors[k] >> j & 1}
+        needed = used - sum(drop for k, drop in enumerate(drops) if k != j and k not in descendants)
         if step.terms:
-            found = next(filter(None, (_first(term, needed, sizes, tensor_parallel) for term in step.terms)), None)
+            crowded = (_first_crowded(term, needed, sizes, tensor_parallel) for term in step.terms)
+            found = next(filter(None, crowded), None)
             if found is not None:
                 return found
         elif not drops[j]:
-            largest = _largest_sizes(prog, j, ancestors, later)
+            largest = _largest_sizes(prog, j, ancestors, descendants)
             rooms = [0 if role is Role.LOCAL else 2 * n
                      for role, n in zip(_roles(step, len(largest)), largest)]
             room = sum(_bits(sizes, r) for r in rooms)
@@ -109,7 +110,7 @@ def _roles(step: Step, ndim: int) -> list[Role | None]:
     return roles
 
 
-def _largest_sizes(prog: Program, j: int, ancestors: list[int], later: set[int]) -> list[int]:
+def _largest_sizes(prog: Program, j: int, ancestors: list[int], descendants: set[int]) -> list[int]:
     """Per tensor axis, the largest size it can have when step `j` runs (the size `j` takes
     on its own axes): after the last step on it that must run before `j`, or the input's
     where none must, or after any step on it that may run before `j`. The steps on one
@@ -123,7 +124,7 @@ def _largest_sizes(prog: Program, j: int, ancestors: list[int], later: set[int])
         before = [i for i in on_b if ancestors[j] >> i & 1]
         sizes = [] if before else [prog.shape[b]]
         for i in on_b[on_b.index(before[-1]) if before else 0:]:
-            if i not in later:
+            if i not in descendants:
                 step = prog.steps[i]
                 sizes.append(step.out_sizes[step.axes.index(b)])
         largest[b] = max(sizes)
