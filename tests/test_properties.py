@@ -160,7 +160,8 @@ def test_distributed_equals_serial(case):
 def assert_equals_serial(D, op, seed: int, rng, batch: tuple[int, ...] = (), flat: bool = False,
                          transpose: bool = False) -> None:
     """`D` (distributing `op`) equals `op` forward (and on flat input, if `flat`), adjoint,
-    JAX's transpose and gradient (and `D.T` and the dot test, if `transpose`).
+    JAX's transpose and gradient (and `D.T` and the dot test, if `transpose`: below 1e-12,
+    or 10 times the serial operator's own mismatch with the same vectors where that is more).
 
     On an Explicit mesh `D` gets its weights placed, as `po.init(D)` places them:
     JAX 0.10.2 cannot linearize a `jit` that reshards an uncommitted array onto an
@@ -186,7 +187,10 @@ def assert_equals_serial(D, op, seed: int, rng, batch: tuple[int, ...] = (), fla
 
     if transpose:
         close(D.T(θD) @ c, applied(op.T, θ, c), scale_of(c))
-        assert po.testing.dot_test(D, θD, batch_shape=batch) < 1e-12
+        # the serial operator's own mismatch with the same vectors is its rounding times the inner
+        # product's cancellation (now and then 10⁴: 1.2e-12 for a Matrix(2×8) ⊗ Restriction(8→2))
+        rounding = po.testing.dot_test(op, θ, batch_shape=batch)
+        assert po.testing.dot_test(D, θD, batch_shape=batch) < max(1e-12, 10 * rounding)
     back_want = serial["adjoint"]
     back = D.H(θD) @ c
     assert back.shape == back_want.shape and back.dtype == back_want.dtype
