@@ -90,14 +90,7 @@ class Context:
                                      for q in split_counts)
                              and all((n % q == 0) == (m % q == 0)
                                      for n, m in zip(step.in_sizes, step.out_sizes) for q in onto_split))
-        self.ancestors = []  # per step: the bit mask of the steps that must run before it
-        for j, mask in enumerate(self.preds):
-            for i in range(j):
-                if mask >> i & 1:
-                    mask |= self.ancestors[i]
-            self.ancestors.append(mask)
-        self.descendants = [sum(1 << k for k in range(len(self.steps)) if self.ancestors[k] >> j & 1)
-                            for j in range(len(self.steps))]
+        self.ancestors, self.descendants = prog.ancestors, prog.descendants  # per step, bit masks of steps
         # a chain's operators: the steps up to each barrier (the last one: up to the end)
         self.segments, mask = [], 0
         for j, step in enumerate(self.steps):

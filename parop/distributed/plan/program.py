@@ -15,6 +15,7 @@ every value of it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Union
@@ -131,6 +132,23 @@ class Program:
     @property
     def full(self) -> int:
         return (1 << len(self.steps)) - 1
+
+    @functools.cached_property
+    def ancestors(self) -> tuple[int, ...]:
+        """Per step, the bit mask of the steps that must run before it."""
+        found: list[int] = []
+        for mask in self.preds:
+            for i in range(len(found)):
+                if mask >> i & 1:
+                    mask |= found[i]
+            found.append(mask)
+        return tuple(found)
+
+    @functools.cached_property
+    def descendants(self) -> tuple[int, ...]:
+        """Per step, the bit mask of the steps that must run after it."""
+        return tuple(sum(1 << k for k, before in enumerate(self.ancestors) if before >> j & 1)
+                     for j in range(len(self.steps)))
 
     def all_steps(self):
         """Every step, a sum's terms' steps too (after the sum's own)."""

@@ -70,36 +70,23 @@ def no_room(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
 
 def _first_crowded(prog: Program, used: float, sizes: tuple[int, ...], tensor_parallel: bool) -> NoRoom | None:
     """`no_room` for `prog` entered with at least `used` bits of splits in use."""
-    steps = prog.steps
-    ancestors = _ancestors(prog)
-    drops = [_drop(step, sizes, tensor_parallel) for step in steps]
-    for j, step in enumerate(steps):
-        descendants = {k for k in range(len(steps)) if ancestors[k] >> j & 1}
-        needed = used - sum(drop for k, drop in enumerate(drops) if k != j and k not in descendants)
+    drops = [_drop(step, sizes, tensor_parallel) for step in prog.steps]
+    for j, step in enumerate(prog.steps):
+        cannot_precede = prog.descendants[j] | 1 << j  # j and the steps that must follow it
+        needed = used - sum(drop for k, drop in enumerate(drops) if not cannot_precede >> k & 1)
         if step.terms:
             crowded = (_first_crowded(term, needed, sizes, tensor_parallel) for term in step.terms)
             found = next(filter(None, crowded), None)
             if found is not None:
                 return found
         elif not drops[j]:
-            largest = _largest_sizes(prog, j, ancestors, descendants)
+            largest = _largest_sizes(prog, j)
             rooms = [0 if role is Role.LOCAL else 2 * n
                      for role, n in zip(_roles(step, len(largest)), largest)]
             room = sum(_bits(sizes, r) for r in rooms)
             if needed > room + SLACK:
                 return NoRoom(step, needed, room, tuple(n for r, n in zip(rooms, largest) if r))
     return None
-
-
-def _ancestors(prog: Program) -> list[int]:
-    """Per step, the bit mask of the steps that must run before it."""
-    found: list[int] = []
-    for j, mask in enumerate(prog.preds):
-        for i in range(j):
-            if mask >> i & 1:
-                mask |= found[i]
-        found.append(mask)
-    return found
 
 
 def _roles(step: Step, ndim: int) -> list[Role | None]:
@@ -110,7 +97,7 @@ def _roles(step: Step, ndim: int) -> list[Role | None]:
     return roles
 
 
-def _largest_sizes(prog: Program, j: int, ancestors: list[int], descendants: set[int]) -> list[int]:
+def _largest_sizes(prog: Program, j: int) -> list[int]:
     """Per tensor axis, the largest size it can have when step `j` runs (the size `j` takes
     on its own axes): after the last step on it that must run before `j`, or the input's
     where none must, or after any step on it that may run before `j`. The steps on one
@@ -121,10 +108,10 @@ def _largest_sizes(prog: Program, j: int, ancestors: list[int], descendants: set
         if j in on_b:
             largest[b] = prog.steps[j].in_sizes[prog.steps[j].axes.index(b)]
             continue
-        before = [i for i in on_b if ancestors[j] >> i & 1]
+        before = [i for i in on_b if prog.ancestors[j] >> i & 1]
         sizes = [] if before else [prog.shape[b]]
         for i in on_b[on_b.index(before[-1]) if before else 0:]:
-            if i not in descendants:
+            if not prog.descendants[j] >> i & 1:
                 step = prog.steps[i]
                 sizes.append(step.out_sizes[step.axes.index(b)])
         largest[b] = max(sizes)
