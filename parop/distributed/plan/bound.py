@@ -31,6 +31,8 @@ ALONE_STATES = 1_000  # the most states `LowerBound.entry_bound` searches an ope
 BOUNDARY_STATES = 1_000  # the most states each search of `LowerBound.boundary` runs
 PLACEMENTS = 4_096  # the most layouts `LowerBound.onward` tries
 SHUTTLES = 512  # the most placements of the mesh axes in use `LowerBound.shuttling` solves over
+RETURN_ASKS = 16  # the states that ask `LowerBound.shuttling_back` for one entry layout before its table is solved
+BYTES_LATENCIES = 4  # `LowerBound.weighs_bytes`: the latencies per device the largest tensor must weigh
 
 
 class Spread(NamedTuple):
@@ -139,10 +141,11 @@ class LowerBound:
         known. `lines`: the memo of the state's node (`Node.lines`), if at hand.
 
         In a sum's first term (the exit not known yet), `fork` adds the lesser of two
-        cases, each a lower bound: the sum ends where it started (the term's arrivals
-        back to its entry layout, `arriving`, or, where no weight is pinned, its whole
-        `line` to that layout, which also counts the mesh axes that must leave a tensor
-        axis the entry leaves whole; each later term's bound back to it, and the
+        cases, each a lower bound: the sum ends where it started (the term's moves back
+        to its entry layout, `shuttling_back`, its arrivals there, `arriving`, or, where
+        no weight is pinned, its whole `line` to that layout, which also counts the mesh
+        axes that must leave a tensor axis the entry leaves whole; each later term's
+        bound back to it, and the
         program on from there: its own `line`, which unpads a padded entry, or the
         chain's `chain_line` where that is more), or elsewhere (the term's `line`, each
         later term's cost of leaving the entry layout, `departing`, and the chain's later
@@ -203,7 +206,7 @@ class LowerBound:
                               if top else (0.0, 0.0))
                 place = self.placement(entry, None)
                 whole = not any(n % split for n, split in zip(ctx.sizes(0), place.splits))  # an unpadded entry
-                forked = (back, staying, from_entry, sum(leaving), moves, whole)
+                forked = (back, staying, from_entry, sum(leaving), moves, whole, entry)
             # (not where `regrouping` counts the moves after the sum: `tails`)
             unpads = self.unpads(parent, after, j) if top and k == 0 and not padded and not fixed else None
             found = self._frame_bounds[fr, goal, loose, padded] = (rest, later, ends if k > 0 else None,
@@ -226,7 +229,7 @@ class LowerBound:
                 lines[memo] = unpadded
         if fork and forked is not None:
             # the sum ends where it started, or every later term leaves that layout
-            back, staying, (own, chained), leaving, moves, whole = forked
+            back, staying, (own, chained), leaving, moves, whole, entry = forked
             later = later or 0.0
             staying += max(own + later, chained)
             stay = unpadded
@@ -235,8 +238,10 @@ class LowerBound:
             leaving += unpadded + later
             if moves is not None:
                 stay, leaving = self.regrouping(ctx, done, lay, unpadded, stay, leaving, *moves)
-            if leaving > stay + staying:  # else the arrivals back to the entry cannot lower the lesser case
-                stay = max(stay, self.arriving(ctx, done, lay, back, stay))
+            if leaving > stay + staying:  # else nothing back to the entry can lower the lesser case
+                stay = max(stay, self.shuttling_back(ctx, done, lay, entry))
+                if leaving > stay + staying:
+                    stay = max(stay, self.arriving(ctx, done, lay, back, stay))
                 # the line back (a one-layer 4-D FNO: 5.9 k states to 3.4 k); where weights are pinned
                 # it raises the bound at few states (12 % in dfno's chain at batch 4), and costs more time
                 if leaving > stay + staying and not self.pinned:
@@ -732,6 +737,62 @@ class LowerBound:
                 if moves:
                     found = moves * self.move_price(ctx, done, min(sizes), unpads)
             self._shuttled[key] = found
+        return found
+
+    def shuttling_back(self, ctx: Context, done: int, lay: Interned, entry: Interned) -> float:
+        """A lower bound on the moves of a sum's first term from `(done, lay)` back to the
+        sum's `entry` layout (`bound`'s case of a sum that ends where it started): the
+        cheapest route of `shuttling`'s relaxed problem (`Shuttles`) that ends with each
+        mesh axis in use on the tensor axis `entry` puts it, each move priced at what an
+        `all_to_all` of the tensor as it is then costs at least (its bytes when that many
+        steps have run, over mesh axes of the least size in use). A real move is such an
+        `all_to_all`, of a tensor no smaller (padded or not), so the relaxed image of a real
+        route costs no more. Priced one by one, the departures and arrivals of `line` each
+        come when the tensor is smallest; here they come in an order the steps allow. An
+        FNO layer that must give its input's split back for the skip term, with the grid
+        axes' inverse DFTs growing the tensor between the moves: dfno's chain at batch 4,
+        8.9 k states to 4.1 k.
+
+        0 (memoised) where `shuttling` finds nothing, where `lay` holds other mesh axes than
+        `entry`, where the placements are too many, where a move costs about a latency
+        whenever it runs (`weighs_bytes`: the counts of `regrouping` and `returning` price
+        those), and until `RETURN_ASKS` states have asked for `entry`: a table costs about
+        what 25 states do, and a search from many entries (a chain's `entry_bound`) asks a
+        few states of each."""
+        key = (ctx, done, lay, entry)
+        found = self._shuttled_back.get(key)
+        if found is None:
+            ends = self._backs.get((ctx, entry))
+            if ends is None:  # (the mesh axes in use, the table's key), or () where none applies
+                sizes, target = self.placed(entry)
+                ends = self._backs[(ctx, entry)] = (
+                    (self.placement(entry, None).used, (ctx, sizes, target))
+                    if sizes and self.parks(ctx) and self.weighs_bytes(ctx) and len(ctx.shape) ** len(sizes) <= SHUTTLES
+                    else ())
+            found = 0.0
+            if ends and self.placement(lay, None).used == ends[0]:
+                tables = self.tables
+                table = tables.shuttles.get(ends[1])
+                if table is None:
+                    asked = tables.asked[ends[1]] = tables.asked.get(ends[1], 0) + 1
+                    if asked < RETURN_ASKS:
+                        return 0.0  # not memoised: a state asked again once the table is solved gets it
+                    _, sizes, target = ends[1]
+                    least = min(sizes)
+                    table = tables.shuttles[ends[1]] = Shuttles(
+                        ctx, sizes, price=lambda d: self.all_to_all_price(ctx.nbytes(d), least), target=target)
+                found = table.fewest(done)[self.placed(lay)[1]]
+            self._shuttled_back[key] = found
+        return found
+
+    def weighs_bytes(self, ctx: Context) -> bool:
+        """Whether a move in `ctx` can weigh several latencies: the larger of its tensor at
+        its start and at its end has `BYTES_LATENCIES` times `latency_bytes` or more per
+        device (memoised)."""
+        found = self._weighs.get(ctx)
+        if found is None:
+            found = self._weighs[ctx] = (max(ctx.nbytes(0), ctx.nbytes(ctx.full)) / self.devices
+                                         >= BYTES_LATENCIES * self.cost.latency_bytes)
         return found
 
     def placed(self, lay: Interned) -> tuple[tuple[int, ...], int]:
@@ -1518,10 +1579,13 @@ class Shuttles:
     one tensor axis to one other; a step runs where no mesh axis sits on an axis it
     needs whole and every axis holds fewer pieces than its room then
     (`Context.rooms`); the end, every step done, and (`unpadded`) every axis split
-    evenly. Every real route maps to a relaxed one with as many moves (an `all_to_all`
-    moves mesh axes from one tensor axis to one other; nothing else moves one in use
-    where no step can sum one away), so its fewest moves are a lower bound. Solved
-    backwards over the masks of steps done, memoised (numpy over the placements).
+    evenly, or (`target`) the placement of that index. Every real route maps to a relaxed
+    one with as many moves, each where as many steps have run (an `all_to_all` moves mesh
+    axes from one tensor axis to one other; nothing else moves one in use where no step
+    can sum one away), so its fewest moves are a lower bound; with `price` (the least a
+    move costs once the steps of a mask have run), its cheapest moves are
+    (`LowerBound.shuttling_back`). Solved backwards over the masks of steps done,
+    memoised (numpy over the placements).
 
     A 3-D FNO layer's spectral term, its three grid axes split over mesh axes of 8, 4
     and 2: each grid axis must be whole for its DFT and again for its inverse, and the
@@ -1530,8 +1594,9 @@ class Shuttles:
     per axis counts three.
     """
 
-    def __init__(self, ctx: Context, sizes: tuple[int, ...], unpadded: bool):
-        self.ctx, self.unpadded = ctx, unpadded
+    def __init__(self, ctx: Context, sizes: tuple[int, ...], unpadded: bool = False,
+                 price: Callable[[int], float] | None = None, target: int | None = None):
+        self.ctx, self.unpadded, self.price, self.target = ctx, unpadded, price, target
         ndim = len(ctx.shape)
         self.placements = np.array(list(itertools.product(range(ndim), repeat=len(sizes))), dtype=np.int64)
         # the pieces each tensor axis is split into, per placement
@@ -1577,7 +1642,8 @@ class Shuttles:
         return distance
 
     def fewest(self, done: int) -> list[float]:
-        """The fewest relaxed moves to the end from `done`, per placement (`math.inf`: none)."""
+        """The fewest relaxed moves (the cheapest, with `price`) to the end from `done`, per
+        placement (`math.inf`: none)."""
         found = self.memo.get(done)
         if found is None:
             found = self.memo[done] = self.solve(done).tolist()
@@ -1588,7 +1654,10 @@ class Shuttles:
         found = self.solved.get(done)
         if found is None:
             ctx = self.ctx
-            if done == ctx.full:
+            if done == ctx.full and self.target is not None:
+                ready = np.full(len(self.placements), math.inf)
+                ready[self.target] = 0.0
+            elif done == ctx.full:
                 end = np.zeros(len(self.placements))
                 if self.unpadded:
                     sizes = np.array(ctx.sizes(done))
@@ -1601,5 +1670,6 @@ class Shuttles:
                         rooms = np.array(ctx.rooms(done, j))
                         fits = ((self.loads == 1) | (self.loads < rooms[None, :])).all(axis=1)
                         ready = np.minimum(ready, np.where(fits, self.solve(done | 1 << j), math.inf))
-            found = self.solved[done] = (self.distance + ready[None, :]).min(axis=1)
+            moves = self.distance if self.price is None else self.distance * self.price(done)
+            found = self.solved[done] = (moves + ready[None, :]).min(axis=1)
         return found

@@ -141,13 +141,17 @@ class Context:
             self._itemsize[done] = found
         return found
 
+    def nbytes(self, done: int) -> int:
+        """The global bytes of the tensor once the steps of `done` have run (unpadded)."""
+        return math.prod(self.sizes(done)) * self.itemsize(done)
+
     def least_bytes(self, done: int) -> float:
         """A lower bound on the global bytes of the tensor in any later state: every
         pending step with its least factor."""
         found = self._least.get(done)
         if found is None:
             factor = math.prod(f for j, f in enumerate(self.shrinks) if not done >> j & 1)
-            found = self._least[done] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
+            found = self._least[done] = self.nbytes(done) * factor
         return found
 
     def most_bytes(self, done: int) -> float:
@@ -156,7 +160,7 @@ class Context:
         found = self._most.get(done)
         if found is None:
             factor = math.prod(f for j, f in enumerate(self.growths) if not done >> j & 1)
-            found = self._most[done] = math.prod(self.sizes(done)) * self.itemsize(done) * factor
+            found = self._most[done] = self.nbytes(done) * factor
         return found
 
     def departure_bytes(self, done: int, axes: tuple[int, ...], scope: int = -1) -> list[float]:
@@ -177,7 +181,7 @@ class Context:
             pending = [j for j in range(len(self.steps)) if not skip >> j & 1]
             # per pending step: the axes whose departure must precede it
             blocks = [(j, frozenset(a for a, cut in firsts.items() if cut >> j & 1)) for j in pending]
-            now = math.prod(self.sizes(done)) * self.itemsize(done)
+            now = self.nbytes(done)
             sizes = []
             for k in range(len(axes)):
                 least = math.inf
@@ -199,7 +203,7 @@ class Context:
             musts = {a: self.after_needs(done, (a,), scope) for a in axes}
             skip = done | ~scope
             pending = [j for j in range(len(self.steps)) if not skip >> j & 1]
-            now = math.prod(self.sizes(done)) * self.itemsize(done)
+            now = self.nbytes(done)
             sizes = []
             for k in range(len(axes)):
                 least = math.inf
@@ -241,7 +245,7 @@ class Context:
         if found is None:
             on = [j for j, step in enumerate(self.steps) if not done >> j & 1 and c in step.axes]
             pending = [j for j in range(len(self.steps)) if not done >> j & 1]
-            now = math.prod(self.sizes(done)) * self.itemsize(done)
+            now = self.nbytes(done)
             size, found = self.sizes(done)[c], math.inf
             for r in range(len(on) + 1):
                 if r:

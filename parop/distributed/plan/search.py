@@ -170,7 +170,8 @@ class Tables:
         self.prices: dict = {}  # (context, done, scope, tensor axes, ...) -> `Search.moves_price`
         self.operators: dict = {}  # (chain context, i) -> its operator i's program
         self.terms: dict = {}  # a sum's term's class (`Search.term_class`) -> its `term_bound` or `departing`
-        self.shuttles: dict = {}  # (context, mesh axis sizes in use, unpadded end) -> `Shuttles`
+        self.shuttles: dict = {}  # (context, mesh axis sizes in use, unpadded end or target) -> `Shuttles`
+        self.asked: dict = {}  # (context, mesh axis sizes, target) -> the states that asked for it (`shuttling_back`)
 
 
 class Search(LowerBound):
@@ -200,6 +201,9 @@ class Search(LowerBound):
         self._lines: dict = {}
         self._parking: dict = {}
         self._shuttled: dict = {}
+        self._shuttled_back: dict = {}
+        self._backs: dict = {}
+        self._weighs: dict = {}
         self._unpads: dict = {}
         self._uneven_ends: dict = {}
         self._placed: dict = {}
@@ -230,13 +234,18 @@ class Search(LowerBound):
         self._subs: list = []  # every search `sub` started: their states count as this one's
 
     def release(self) -> None:
-        """Drops the tables (a finished search needs none of them) so that their millions of
-        objects are freed at once, not traversed by the garbage collector first; the states
+        """Drops the tables (a finished search needs none of them), its own and those of the
+        searches it started (`sub`: they hold the shared ones too), so that their millions
+        of objects are freed at once, not traversed by the garbage collector first (0.23 s
+        of dfno's chain at batch 4 once the bound's tables outlived the search); the states
         expanded are kept."""
         self._expanded = self.expanded
         for found in self._exits.values():
             found.ends.close()  # its search's frame refers back to the search
+        subs = self._subs
         self._tables(Tables())
+        for sub in subs:
+            sub.release()
 
     @property
     def expanded(self) -> int:
