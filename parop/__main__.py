@@ -16,7 +16,7 @@ import numpy as np
 
 import parop as po
 from parop.distributed.calibrate import median_time
-from parop.distributed.layout import mesh_name
+from parop.distributed.layout import default_mesh
 
 
 DEVICES = 8  # the distributed part's
@@ -46,9 +46,7 @@ def main() -> None:
     x = (rng.standard_normal((n, n, n)) + 1j * rng.standard_normal((n, n, n))).astype(np.complex64)
     want = np.fft.fftn(x)
     for partition in [(8, 1, 1), (2, 2, 2)]:
-        split = [(mesh_name(axis), count) for axis, count in enumerate(partition) if count > 1]  # as po.distribute's
-        mesh = jax.make_mesh(tuple(count for _, count in split), tuple(name for name, _ in split), devices=devices,
-                             axis_types=(jax.sharding.AxisType.Auto,) * len(split))
+        mesh, _ = default_mesh(partition, "python -m parop", devices=devices)  # po.distribute's, on these devices
         D = po.distribute(F3, partition, mesh=mesh)
         xs = jax.device_put(x, D.in_sharding)
         y = D @ xs

@@ -13,7 +13,7 @@ from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 import parop as po
 from parop.distributed.hlo import _instructions, collectives as hlo_collectives
-from parop.distributed.layout import sharding
+from parop.distributed.layout import default_mesh, sharding
 from parop.distributed.plan import Goal, program
 from parop.distributed.plan.actions import Permute
 from parop.distributed.plan.search import Search
@@ -593,6 +593,16 @@ F3 = po.kron(po.DFT(30), po.DFT(20), po.DFT(10, "float32"))
 def test_bad_distribute_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         po.distribute(F3, **kwargs)
+
+
+def test_a_default_mesh_over_given_devices():
+    """`default_mesh` (what `po.distribute` builds from a partition) over the devices given,
+    or a clear error where they are too few (`python -m parop` passes its own)."""
+    mesh, layout = default_mesh((2, 1, 4), "here", devices=jax.devices()[::-1])
+    assert dict(mesh.shape) == {"d0": 2, "d2": 4} and layout == (("d0",), (), ("d2",))
+    assert list(mesh.devices.flat) == jax.devices()[::-1]
+    with pytest.raises(ValueError, match=r"^here: partition \(2, 2\) needs 4 devices, but 2 are available$"):
+        default_mesh((2, 2), "here", devices=jax.devices()[:2])
 
 
 def test_no_plan_is_a_clear_error():

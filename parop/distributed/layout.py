@@ -9,7 +9,7 @@ replicated. It reads as a `PartitionSpec` (`spec_of`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
@@ -141,14 +141,15 @@ def mesh_name(axis: int) -> str:
     return f"d{axis}"
 
 
-def check_devices(partition: tuple[int, ...], where: str) -> int:
+def check_devices(partition: tuple[int, ...], where: str, devices: Sequence | None = None) -> int:
     """The devices `partition` splits over, or a `ValueError` naming `where` if there are
-    fewer (and, where JAX's default backend is not the CPU and the CPU has enough, how to
-    use the CPU's: a machine with one GPU and forced host devices)."""
-    total, available = math.prod(partition), len(jax.devices())
+    fewer among `devices` (default: `jax.devices()`; there, where JAX's default backend is
+    not the CPU and the CPU has enough, it says how to use the CPU's: a machine with one GPU
+    and forced host devices)."""
+    total, available = math.prod(partition), len(jax.devices() if devices is None else devices)
     if total > available:
         backend = jax.default_backend()
-        cpus = _cpu_devices() if backend != "cpu" else 0
+        cpus = _cpu_devices() if backend != "cpu" and devices is None else 0
         hint = (f" on {backend} (the CPU has {cpus}: set JAX_PLATFORMS=cpu, or pass a mesh= over jax.devices('cpu'))"
                 if cpus >= total else "")
         raise ValueError(f"{where}: partition {partition} needs {total} devices, but {available} are available{hint}")
@@ -164,14 +165,20 @@ def _cpu_devices() -> int:
         return 0
 
 
-def default_mesh(partition: tuple[int, ...], where: str, regroup: tuple[int, ...] | None = None
-                 ) -> tuple[Mesh, Layout]:
-    """A mesh over the first `prod(partition)` devices, one mesh axis (`d{i}`) per split
-    tensor axis, and the input layout it gives. Where an output partition `regroup`
-    cannot be made of those mesh axes (`(8, 1, 1)` to `(2, 2, 2)`), each is cut into
-    its prime factors (`d0`, `d0_1`, `d0_2`: one tensor axis split over several mesh
-    axes), which can be regrouped into any counts of the same product."""
-    total = check_devices(partition, where)
+def default_mesh(partition: tuple[int, ...], where: str, regroup: tuple[int, ...] | None = None,
+                 devices: Sequence | None = None) -> tuple[Mesh, Layout]:
+    """A mesh over the first `prod(partition)` of `devices` (default: `jax.devices()`), one
+    mesh axis (`d{i}`) per split tensor axis, and the input layout it gives. Where an
+    output partition `regroup` cannot be made of those mesh axes (`(8, 1, 1)` to
+    `(2, 2, 2)`), each is cut into its prime factors (`d0`, `d0_1`, `d0_2`: one tensor
+    axis split over several mesh axes), which can be regrouped into any counts of the
+    same product.
+
+    >>> mesh, layout = default_mesh((2, 1, 4), "example", devices=jax.devices("cpu"))
+    >>> dict(mesh.shape), layout
+    ({'d0': 2, 'd2': 4}, (('d0',), (), ('d2',)))
+    """
+    total = check_devices(partition, where, devices)
     sizes = [[p] if p > 1 else [] for p in partition]
     if regroup is not None and not _groups(sum(sizes, []), [c for c in regroup if c > 1]):
         sizes = [_primes(p) for p in partition]
@@ -179,7 +186,7 @@ def default_mesh(partition: tuple[int, ...], where: str, regroup: tuple[int, ...
     axes = [(n, p) for ns, ps in zip(names, sizes) for n, p in zip(ns, ps)] or [("d", 1)]
     mesh = jax.make_mesh(
         tuple(p for _, p in axes), tuple(n for n, _ in axes),
-        axis_types=(AxisType.Auto,) * len(axes), devices=jax.devices()[:total],
+        axis_types=(AxisType.Auto,) * len(axes), devices=list(jax.devices() if devices is None else devices)[:total],
     )
     return mesh, tuple(tuple(ns) for ns in names)
 
