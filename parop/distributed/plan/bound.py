@@ -31,7 +31,7 @@ ALONE_STATES = 1_000  # the most states `LowerBound.entry_bound` searches an ope
 BOUNDARY_STATES = 1_000  # the most states each search of `LowerBound.boundary` runs
 PLACEMENTS = 4_096  # the most layouts `LowerBound.onward` tries
 SHUTTLES = 512  # the most placements of the mesh axes in use `LowerBound.shuttling` solves over
-RETURN_ASKS = 16  # the states that ask `LowerBound.shuttling_back` for one entry layout before its table is solved
+RETURN_ASKS = 16  # the states that ask `LowerBound.shuttling_to` for one table before it is solved
 BYTES_LATENCIES = 4  # `LowerBound.weighs_bytes`: the latencies per device the largest tensor must weigh
 
 
@@ -142,7 +142,7 @@ class LowerBound:
 
         In a sum's first term (the exit not known yet), `fork` adds the lesser of two
         cases, each a lower bound: the sum ends where it started (the term's moves back
-        to its entry layout, `shuttling_back`, its arrivals there, `arriving`, or, where
+        to its entry layout, `shuttling_to`, its arrivals there, `arriving`, or, where
         no weight is pinned, its whole `line` to that layout, which also counts the mesh
         axes that must leave a tensor axis the entry leaves whole; each later term's
         bound back to it, and the
@@ -239,7 +239,7 @@ class LowerBound:
             if moves is not None:
                 stay, leaving = self.regrouping(ctx, done, lay, unpadded, stay, leaving, *moves)
             if leaving > stay + staying:  # else nothing back to the entry can lower the lesser case
-                stay = max(stay, self.shuttling_back(ctx, done, lay, entry))
+                stay = max(stay, self.shuttling_to(ctx, done, lay, back))
                 if leaving > stay + staying:
                     stay = max(stay, self.arriving(ctx, done, lay, back, stay))
                 # the line back (a one-layer 4-D FNO: 5.9 k states to 3.4 k); where weights are pinned
@@ -250,9 +250,13 @@ class LowerBound:
         return unpadded + rest
 
     def term_line(self, ctx: Context, done: int, lay: Interned, ends: Goal | None, unpads: float | None) -> float:
-        """`line`, `parking` or `shuttling` on a sum's term, whichever is more."""
-        return max(self.line(ctx, done, lay, ends, unpads=unpads), self.parking(ctx, done, lay, unpads),
-                   self.shuttling(ctx, done, lay, unpads))
+        """`line`, `parking` or `shuttling` on a sum's term (and `shuttling_to` its known
+        end, if any), whichever is more."""
+        found = max(self.line(ctx, done, lay, ends, unpads=unpads), self.parking(ctx, done, lay, unpads),
+                    self.shuttling(ctx, done, lay, unpads))
+        if ends is not None and ends is not Goal.any():
+            found = max(found, self.shuttling_to(ctx, done, lay, ends))
+        return found
 
     def unpads(self, parent: Context, after: int, j: int) -> float | None:
         """For the first term of the sum `j` of `parent` (a program, or a chain), where the
@@ -712,40 +716,42 @@ class LowerBound:
     def shuttling(self, ctx: Context, done: int, lay: Interned, unpads: float | None = None) -> float:
         """A lower bound on the moves still to come in a sum's term, from `(done, lay)`: the
         fewest of a relaxed problem (`Shuttles`: the mesh axes in use move between tensor
-        axes, steps run where they fit), each at its least price (memoised; 0 where
-        `parking` finds nothing, none being crowded nor weighted, where a weight is pinned
-        (`parking`'s count for the pins is more), or where the placements are too many).
-        With `unpads` (see `bound`) the term ends unpadded, and a move may come after the
-        sum. A 3-D FNO layer whose three grid axes each hold a mesh axis: each must be
-        whole for its DFT and again for its inverse, with the channel and batch axes too
-        small to hold them all while the spectral weight runs."""
+        axes, steps run where they fit, a weight's step where its pin puts them), each at
+        its least price (memoised; 0 where `parking` finds nothing, none being crowded nor
+        weighted, or where the placements are too many). With `unpads` (see `bound`) the
+        term ends unpadded, and a move may come after the sum. A 3-D FNO layer whose three
+        grid axes each hold a mesh axis: each must be whole for its DFT and again for its
+        inverse, with the channel and batch axes too small to hold them all while the
+        spectral weight runs. Planned again with its spectral weight pinned, the mesh axes
+        must also be where the pin says while it runs: the 4-D 32 × 8 × 8 × 16 chain of the
+        hard scan pinned at batch 6, 19.9 k states to 16.2 k."""
         if not self.parks(ctx):
             return 0.0
         key = (ctx, done, lay, unpads)
         found = self._shuttled.get(key)
         if found is None:
-            if self.pinned_splits(ctx):  # with pins, `parking` counts more (measured)
-                return 0.0
             sizes, index = self.placed(lay)
             found = 0.0
             if sizes and len(ctx.shape) ** len(sizes) <= SHUTTLES:
-                shuttles, ends = self.tables.shuttles, (ctx, sizes, unpads is not None)
+                pins = self.pin_places(ctx, lay)
+                shuttles, ends = self.tables.shuttles, (ctx, sizes, unpads is not None, pins)
                 table = shuttles.get(ends)
                 if table is None:
-                    table = shuttles[ends] = Shuttles(ctx, sizes, unpads is not None)
+                    table = shuttles[ends] = Shuttles(ctx, sizes, unpads is not None, pins=pins)
                 moves = table.fewest(done)[index]
                 if moves:
                     found = moves * self.move_price(ctx, done, min(sizes), unpads)
             self._shuttled[key] = found
         return found
 
-    def shuttling_back(self, ctx: Context, done: int, lay: Interned, entry: Interned) -> float:
-        """A lower bound on the moves of a sum's first term from `(done, lay)` back to the
-        sum's `entry` layout (`bound`'s case of a sum that ends where it started): the
-        cheapest route of `shuttling`'s relaxed problem (`Shuttles`) that ends with each
-        mesh axis in use on the tensor axis `entry` puts it, each move priced at what an
-        `all_to_all` of the tensor as it is then costs at least (its bytes when that many
-        steps have run, over mesh axes of the least size in use). A real move is such an
+    def shuttling_to(self, ctx: Context, done: int, lay: Interned, ends: Goal) -> float:
+        """A lower bound on the moves of a sum's term from `(done, lay)` to where `ends`
+        wants the mesh axes in use (the sum's entry layout, in `bound`'s case of a sum that
+        ends where it started; the term's exit, where it is known): the cheapest route of
+        `shuttling`'s relaxed problem (`Shuttles`) that ends with each mesh axis `ends`
+        names on the tensor axis it names it on, each move priced at what an `all_to_all`
+        of the tensor as it is then costs at least (its bytes when that many steps have
+        run, over mesh axes of the least size in use). A real move is such an
         `all_to_all`, of a tensor no smaller (padded or not), so the relaxed image of a real
         route costs no more. Priced one by one, the departures and arrivals of `line` each
         come when the tensor is smallest; here they come in an order the steps allow. An
@@ -753,37 +759,50 @@ class LowerBound:
         axes' inverse DFTs growing the tensor between the moves: dfno's chain at batch 4,
         8.9 k states to 4.1 k.
 
-        0 (memoised) where `shuttling` finds nothing, where `lay` holds other mesh axes than
-        `entry`, where the placements are too many, where a move costs about a latency
-        whenever it runs (`weighs_bytes`: the counts of `regrouping` and `returning` price
-        those), and until `RETURN_ASKS` states have asked for `entry`: a table costs about
-        what 25 states do, and a search from many entries (a chain's `entry_bound`) asks a
-        few states of each."""
-        key = (ctx, done, lay, entry)
-        found = self._shuttled_back.get(key)
+        0 (memoised) where `shuttling` finds nothing, where `ends` names no mesh axis in
+        use or cannot hold one (forbids it, or wants exact layouts that do not name it:
+        `line` counts those), where the placements are too many, where a move costs about
+        a latency whenever it runs and no weight is pinned (`weighs_bytes`: the counts of
+        `regrouping` and `returning` price those; with a pin, the relaxed problem sees
+        where the pin puts the mesh axes), and until `RETURN_ASKS` states have asked for
+        its table: a table costs about what 25 states do, and a search from many entries
+        (a chain's `entry_bound`) asks a few states of each."""
+        key = (ctx, done, lay, ends)
+        found = self._shuttled_to.get(key)
         if found is None:
-            ends = self._backs.get((ctx, entry))
-            if ends is None:  # (the mesh axes in use, the table's key), or () where none applies
-                sizes, target = self.placed(entry)
-                ends = self._backs[(ctx, entry)] = (
-                    (self.placement(entry, None).used, (ctx, sizes, target))
-                    if sizes and self.parks(ctx) and self.weighs_bytes(ctx) and len(ctx.shape) ** len(sizes) <= SHUTTLES
-                    else ())
+            names = self.in_use(lay)
+            table_key = self._targets.get((ctx, names, ends))
+            if table_key is None:  # the table's key, or () where none applies
+                table_key = self._targets[(ctx, names, ends)] = self.target(ctx, lay, ends)
             found = 0.0
-            if ends and self.placement(lay, None).used == ends[0]:
+            if table_key:
                 tables = self.tables
-                table = tables.shuttles.get(ends[1])
+                table = tables.shuttles.get(table_key)
                 if table is None:
-                    asked = tables.asked[ends[1]] = tables.asked.get(ends[1], 0) + 1
+                    asked = tables.asked[table_key] = tables.asked.get(table_key, 0) + 1
                     if asked < RETURN_ASKS:
                         return 0.0  # not memoised: a state asked again once the table is solved gets it
-                    _, sizes, target = ends[1]
+                    _, sizes, target, pins = table_key
                     least = min(sizes)
-                    table = tables.shuttles[ends[1]] = Shuttles(
-                        ctx, sizes, price=lambda d: self.all_to_all_price(ctx.nbytes(d), least), target=target)
+                    table = tables.shuttles[table_key] = Shuttles(
+                        ctx, sizes, price=lambda d: self.all_to_all_price(ctx.nbytes(d), least), target=target,
+                        pins=pins)
                 found = table.fewest(done)[self.placed(lay)[1]]
-            self._shuttled_back[key] = found
+            self._shuttled_to[key] = found
         return found
+
+    def target(self, ctx: Context, lay: Interned, ends: Goal) -> tuple:
+        """`shuttling_to`'s table key for the mesh axes in use in `lay` and `ends`:
+        `(ctx, their sizes, the tensor axis `ends` names each on or -1, pins)`, or ()
+        where none applies (see there)."""
+        names = self.in_use(lay)
+        if not (names and ends.prefixes is not None and ends.counts is None and self.parks(ctx)
+                and (self.weighs_bytes(ctx) or self.pinned_splits(ctx)) and len(ctx.shape) ** len(names) <= SHUTTLES):
+            return ()
+        where = {m: a for a, axes in enumerate(ends.prefixes) for m in axes}
+        if any(m in ends.forbidden or (ends.exact and m not in where) for m in names) or not where.keys() & set(names):
+            return ()
+        return ctx, self.placed(lay)[0], tuple(where.get(m, -1) for m in names), self.pin_places(ctx, lay)
 
     def weighs_bytes(self, ctx: Context) -> bool:
         """Whether a move in `ctx` can weigh several latencies: the larger of its tensor at
@@ -796,8 +815,8 @@ class LowerBound:
         return found
 
     def placed(self, lay: Interned) -> tuple[tuple[int, ...], int]:
-        """The sizes of the mesh axes in use in `lay` (by name), and the index of its
-        placement among `Shuttles.placements` (memoised)."""
+        """The sizes of the mesh axes in use in `lay` (by name, `in_use`), and the index of
+        its placement among `Shuttles.placements` (memoised)."""
         found = self._placed.get(lay)
         if found is None:
             named = sorted((m, a) for a, axes in enumerate(lay.value) for m in axes if self.mesh_sizes[m] > 1)
@@ -805,6 +824,49 @@ class LowerBound:
             for _, a in named:
                 index = index * len(lay.value) + a
             found = self._placed[lay] = (tuple(self.mesh_sizes[m] for m, _ in named), index)
+        return found
+
+    def in_use(self, lay: Interned) -> tuple[str, ...]:
+        """The mesh axes of more than one device in use in `lay`, by name (memoised)."""
+        found = self._in_use.get(lay)
+        if found is None:
+            found = self._in_use[lay] = tuple(sorted(m for axes in lay.value for m in axes if self.mesh_sizes[m] > 1))
+        return found
+
+    def pin_places(self, ctx: Context, lay: Interned) -> tuple:
+        """Where `Shuttles` may place the mesh axes in use in `lay` (by name, as `placed`
+        orders them) when a pointwise step of `ctx` with a pinned weight runs:
+        `(step, tensor axes, where)`, `tensor axes` the mask of those its weight runs along,
+        `where[i]` the one of them its pin puts mesh axis `i` on, or -1 where the pin names
+        it on none (it sits elsewhere then); `where` None where the pin cannot hold (a mesh
+        axis pinned on two axes, or on a weight axis along no tensor axis). The step runs
+        with each of those tensor axes split exactly as the pin says (`Search.forms`);
+        mesh axes the pin names that are not in use are left out (a split brings them,
+        which the relaxed problem does not count; memoised)."""
+        names = self.in_use(lay)
+        key = (ctx, names)
+        found = self._pin_places.get(key)
+        if found is None:
+            found = []
+            for j, step in enumerate(ctx.steps):
+                pin = (self.pinned.get(step.leaf.name)
+                       if step.leaf is not None and step.weighted and not (step.terms or step.dense) else None)
+                if pin is None:
+                    continue
+                first = step.axes[0] if step.axes else 0
+                along, where, holds = 0, [-1] * len(names), True
+                for x, pinned in zip(step.leaf.param_axes, pin):
+                    if x is None:
+                        holds = holds and not pinned
+                        continue
+                    along |= 1 << (first + x)
+                    for m in pinned:
+                        if m in names:
+                            i = names.index(m)
+                            holds = holds and where[i] in (-1, first + x)
+                            where[i] = first + x
+                found.append((j, along, tuple(where) if holds else None))
+            found = self._pin_places[key] = tuple(found)
         return found
 
     def fixed(self, entry: Interned, terms: list) -> bool:
@@ -1578,13 +1640,15 @@ class Shuttles:
     the order of mesh axes on an axis forgotten); a move takes any of the mesh axes on
     one tensor axis to one other; a step runs where no mesh axis sits on an axis it
     needs whole and every axis holds fewer pieces than its room then
-    (`Context.rooms`); the end, every step done, and (`unpadded`) every axis split
-    evenly, or (`target`) the placement of that index. Every real route maps to a relaxed
+    (`Context.rooms`), and a step with a pinned weight only where its pin puts the mesh
+    axes (`pins`, see `LowerBound.pin_places`); the end, every step done, and (`unpadded`)
+    every axis split evenly, or (`target`) each mesh axis on the tensor axis it names
+    (-1: anywhere). Every real route maps to a relaxed
     one with as many moves, each where as many steps have run (an `all_to_all` moves mesh
     axes from one tensor axis to one other; nothing else moves one in use where no step
     can sum one away), so its fewest moves are a lower bound; with `price` (the least a
     move costs once the steps of a mask have run), its cheapest moves are
-    (`LowerBound.shuttling_back`). Solved backwards over the masks of steps done,
+    (`LowerBound.shuttling_to`). Solved backwards over the masks of steps done,
     memoised (numpy over the placements).
 
     A 3-D FNO layer's spectral term, its three grid axes split over mesh axes of 8, 4
@@ -1595,7 +1659,8 @@ class Shuttles:
     """
 
     def __init__(self, ctx: Context, sizes: tuple[int, ...], unpadded: bool = False,
-                 price: Callable[[int], float] | None = None, target: int | None = None):
+                 price: Callable[[int], float] | None = None, target: tuple[int, ...] | None = None,
+                 pins: tuple = ()):
         self.ctx, self.unpadded, self.price, self.target = ctx, unpadded, price, target
         ndim = len(ctx.shape)
         self.placements = np.array(list(itertools.product(range(ndim), repeat=len(sizes))), dtype=np.int64)
@@ -1603,6 +1668,14 @@ class Shuttles:
         self.loads = np.ones((len(self.placements), ndim), dtype=np.int64)
         for i, size in enumerate(sizes):
             self.loads[np.arange(len(self.placements)), self.placements[:, i]] *= size
+        # where a step with a pinned weight may run (`LowerBound.pin_places`)
+        self.pinned: dict[int, np.ndarray] = {}
+        for j, along, where in pins:
+            allowed = np.full(len(self.placements), where is not None)
+            for i, a in enumerate(where or ()):
+                on = self.placements[:, i]
+                allowed &= (on == a) if a >= 0 else (along >> on & 1) == 0
+            self.pinned[j] = allowed
         self.distance = self.apart(ndim, len(sizes))
         self.solved: dict[int, np.ndarray] = {}
         self.memo: dict[int, list[float]] = {}
@@ -1655,8 +1728,11 @@ class Shuttles:
         if found is None:
             ctx = self.ctx
             if done == ctx.full and self.target is not None:
-                ready = np.full(len(self.placements), math.inf)
-                ready[self.target] = 0.0
+                there = np.ones(len(self.placements), dtype=bool)
+                for i, a in enumerate(self.target):
+                    if a >= 0:
+                        there &= self.placements[:, i] == a
+                ready = np.where(there, 0.0, math.inf)
             elif done == ctx.full:
                 end = np.zeros(len(self.placements))
                 if self.unpadded:
@@ -1669,6 +1745,8 @@ class Shuttles:
                     if not done >> j & 1 and not ctx.preds[j] & ~done:
                         rooms = np.array(ctx.rooms(done, j))
                         fits = ((self.loads == 1) | (self.loads < rooms[None, :])).all(axis=1)
+                        if j in self.pinned:
+                            fits &= self.pinned[j]
                         ready = np.minimum(ready, np.where(fits, self.solve(done | 1 << j), math.inf))
             moves = self.distance if self.price is None else self.distance * self.price(done)
             found = self.solved[done] = (moves + ready[None, :]).min(axis=1)

@@ -170,8 +170,8 @@ class Tables:
         self.prices: dict = {}  # (context, done, scope, tensor axes, ...) -> `Search.moves_price`
         self.operators: dict = {}  # (chain context, i) -> its operator i's program
         self.terms: dict = {}  # a sum's term's class (`Search.term_class`) -> its `term_bound` or `departing`
-        self.shuttles: dict = {}  # (context, mesh axis sizes in use, unpadded end or target) -> `Shuttles`
-        self.asked: dict = {}  # (context, mesh axis sizes, target) -> the states that asked for it (`shuttling_back`)
+        self.shuttles: dict = {}  # (context, mesh axis sizes in use, unpadded end or target, pins) -> `Shuttles`
+        self.asked: dict = {}  # a table's key -> the states that asked for it (`shuttling_to`)
 
 
 class Search(LowerBound):
@@ -201,8 +201,9 @@ class Search(LowerBound):
         self._lines: dict = {}
         self._parking: dict = {}
         self._shuttled: dict = {}
-        self._shuttled_back: dict = {}
-        self._backs: dict = {}
+        self._shuttled_to: dict = {}
+        self._targets: dict = {}
+        self._in_use: dict = {}
         self._weighs: dict = {}
         self._unpads: dict = {}
         self._uneven_ends: dict = {}
@@ -229,6 +230,7 @@ class Search(LowerBound):
         self._pinning: dict = {}
         self._pins: dict = {}
         self._pinned_splits: dict = {}
+        self._pin_places: dict = {}
         self._renamed: dict = {}  # renamed pins -> the search with them: the symmetry's searches
         self._learned: dict = {}  # (context, goal, after, before, padded) -> {state: a lower bound on its time left}
         self._subs: list = []  # every search `sub` started: their states count as this one's
