@@ -737,7 +737,8 @@ class LowerBound:
                 shuttles, ends = self.tables.shuttles, (ctx, sizes, unpads is not None, pins)
                 table = shuttles.get(ends)
                 if table is None:
-                    table = shuttles[ends] = Shuttles(ctx, sizes, unpads is not None, pins=pins)
+                    table = shuttles[ends] = Shuttles(ctx, sizes, unpads is not None, pins=pins,
+                                                      fits=self.tables.fits.setdefault((ctx, sizes, pins), {}))
                 moves = table.fewest(done)[index]
                 if moves:
                     found = moves * self.move_price(ctx, done, min(sizes), unpads)
@@ -786,7 +787,7 @@ class LowerBound:
                     least = min(sizes)
                     table = tables.shuttles[table_key] = Shuttles(
                         ctx, sizes, price=lambda d: self.all_to_all_price(ctx.nbytes(d), least), target=target,
-                        pins=pins)
+                        pins=pins, fits=tables.fits.setdefault((ctx, sizes, pins), {}))
                 found = table.fewest(done)[self.placed(lay)[1]]
             self._shuttled_to[key] = found
         return found
@@ -1660,8 +1661,11 @@ class Shuttles:
 
     def __init__(self, ctx: Context, sizes: tuple[int, ...], unpadded: bool = False,
                  price: Callable[[int], float] | None = None, target: tuple[int, ...] | None = None,
-                 pins: tuple = ()):
+                 pins: tuple = (), fits: dict | None = None):
         self.ctx, self.unpadded, self.price, self.target = ctx, unpadded, price, target
+        # (steps done, step) -> where that step may run: shared by the tables of one context, mesh axis sizes
+        # and pins (`Tables.fits`)
+        self.fits = {} if fits is None else fits
         ndim = len(ctx.shape)
         self.placements = np.array(list(itertools.product(range(ndim), repeat=len(sizes))), dtype=np.int64)
         # the pieces each tensor axis is split into, per placement
@@ -1743,10 +1747,13 @@ class Shuttles:
                 ready = np.full(len(self.placements), math.inf)
                 for j in range(len(ctx.steps)):
                     if not done >> j & 1 and not ctx.preds[j] & ~done:
-                        rooms = np.array(ctx.rooms(done, j))
-                        fits = ((self.loads == 1) | (self.loads < rooms[None, :])).all(axis=1)
-                        if j in self.pinned:
-                            fits &= self.pinned[j]
+                        fits = self.fits.get((done, j))
+                        if fits is None:
+                            rooms = np.array(ctx.rooms(done, j))
+                            fits = ((self.loads == 1) | (self.loads < rooms[None, :])).all(axis=1)
+                            if j in self.pinned:
+                                fits &= self.pinned[j]
+                            self.fits[(done, j)] = fits
                         ready = np.minimum(ready, np.where(fits, self.solve(done | 1 << j), math.inf))
             moves = self.distance if self.price is None else self.distance * self.price(done)
             found = self.solved[done] = (moves + ready[None, :]).min(axis=1)

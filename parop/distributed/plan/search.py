@@ -172,6 +172,7 @@ class Tables:
         self.terms: dict = {}  # a sum's term's class (`Search.term_class`) -> its `term_bound` or `departing`
         self.shuttles: dict = {}  # (context, mesh axis sizes in use, unpadded end or target, pins) -> `Shuttles`
         self.asked: dict = {}  # a table's key -> the states that asked for it (`shuttling_to`)
+        self.fits: dict = {}  # (context, mesh axis sizes in use, pins) -> where each step may run (`Shuttles.fits`)
 
 
 class Search(LowerBound):
