@@ -312,19 +312,36 @@ def test_a_batch_size_with_no_plan_at_all_says_so():
         model.distribute((1, 1, 4), batch=1)
 
 
-def test_a_batch_size_the_planner_gives_up_on_with_the_reference_placements_says_so(monkeypatch):
-    """Planned at 8 samples, every weight whole on each device; at 3 samples the search
-    with those placements runs past its budget (here 4,000 states), while one that may
-    place the spectral weights plans in 1,715. The error says the planner gave up, and
-    where the weights are, in words rather than as an empty dict."""
-    monkeypatch.setattr(search_module.Search.__init__, "__defaults__", ("auto", False, 4000, None))
+def test_a_batch_size_the_reference_placements_cannot_hold_says_where_they_are_in_words():
+    """Planned at 8 samples, every weight whole on each device. At 3 samples no plan keeps
+    them so: when a spectral weight runs, every axis but the batch axis is one the weight
+    runs along, so all three mesh axes of 2 must split the batch axis, and 3 samples hold
+    fewer than 6 pieces. The planner finds that at once (it gave up after 200,000 states
+    before its relaxed problem knew where a pinned weight puts the mesh axes), and the
+    error says where the weights are in words rather than as an empty dict."""
     model = FNO((8, 4, 6), width=2, modes=(1, 1, 2), layers=2, projection=8, local_kernel=3)
     dist = model.distribute((1, 1, 2, 2, 2), batch=8)
     assert not any(any(spec) for spec in dist.weights.values())
-    with pytest.raises(ValueError, match=r"a batch of 3 samples could not be planned \(the planner gave up\) with the "
-                                         r"weights where the plan of the reference batch size 8 puts them \(every "
-                                         r"weight whole on each device\); distribute with batch=3"):
+    with pytest.raises(ValueError, match=r"a batch of 3 samples cannot be planned with the weights where the plan of "
+                                         r"the reference batch size 8 puts them \(every weight whole on each "
+                                         r"device\); distribute with batch=3"):
         dist.operators(3)
+
+
+def test_a_batch_size_the_planner_gives_up_on_with_the_reference_placements_says_so(monkeypatch):
+    """Planned at 4 samples; at 6 samples the search with those placements runs past its
+    budget (here 2,000 states; without one, its plan takes 7,466), while one that may
+    place the weights plans in 383. The error says the planner gave up, and where the
+    weights are."""
+    monkeypatch.setattr(search_module.Search.__init__, "__defaults__", ("auto", False, 2000, None))
+    model = FNO((8, 8, 8), width=2, modes=(1, 1, 4), layers=2, projection=8)
+    dist = model.distribute((2, 1, 2, 1, 2), batch=4)
+    placed = {name: spec for name, spec in dist.weights.items() if any(spec)}
+    assert placed
+    with pytest.raises(ValueError, match=r"a batch of 6 samples could not be planned \(the planner gave up\) with the "
+                                         r"weights where the plan of the reference batch size 4 puts them \(\{'"
+                                         r".*; distribute with batch=6"):
+        dist.operators(6)
 
 
 def test_a_batch_size_the_reference_placements_cannot_serve_is_a_clear_error():
