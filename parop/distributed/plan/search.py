@@ -386,9 +386,9 @@ class Search(LowerBound):
             route from `state` costs no more than the edge and the cheapest route from
             `nxt`; the bounds are admissible but not consistent). Inside a sum whose
             later terms' own searches have not run yet, it is pushed with their `line`s
-            alone, and in a sum's first term without the bound on where the sum ends
-            (`bound`'s `fork`); such a state (`loose`) is pushed again with the whole bound
-            when popped, if that is more."""
+            alone, and in a sum's first term with only the frame's part of the bound on
+            where the sum ends (`bound`'s `fork`); such a state (`loose`) is pushed again
+            with the whole bound when popped, if that is more."""
             best[nxt] = total
             back[nxt] = ((state, edge), taken)
             loose = False
