@@ -153,9 +153,11 @@ class LowerBound:
         make to the exit (`regrouping`), and the program on from an exit that far
         (`tails`); the larger of this and the bound above is returned. Without `fork` (a
         state as it is pushed, before the search pops it), the two cases as they stand
-        before anything counted from `(done, lay)` raises them: a few additions of what
-        the frame keeps (the 4-D 32 × 8 × 8 × 16 chain of the hard scan pinned at batch 6:
-        its largest layer search pops 3.5 k states where it popped 4.8 k, 1.32 -> 1.19 s).
+        before the counts from `(done, lay)` raise them (a few additions of what the frame
+        keeps; the 4-D 32 × 8 × 8 × 16 chain of the hard scan pinned at batch 6: its
+        largest layer search pops 3.5 k states where it popped 4.8 k, 1.32 -> 1.19 s), but
+        for `shuttling_to`, a lookup once its table is solved (the 32³ × 8 chain pinned at
+        batch 8: 1.69 -> 1.58 s).
 
         In a sum's first term at the top of the program (`padded`: the search may end in a
         padded layout, which it may not then), the term's `line` and `parking` also count
@@ -244,13 +246,13 @@ class LowerBound:
             leaving += unpadded + later
             if fork and moves is not None:
                 stay, leaving = self.regrouping(ctx, done, lay, unpadded, stay, leaving, *moves)
-            if fork and leaving > stay + staying:  # else nothing back to the entry can lower the lesser case
+            if leaving > stay + staying:  # else nothing back to the entry can lower the lesser case
                 stay = max(stay, self.shuttling_to(ctx, done, lay, back))
-                if leaving > stay + staying:
+                if fork and leaving > stay + staying:
                     stay = max(stay, self.arriving(ctx, done, lay, back, stay))
                 # the line back (a one-layer 4-D FNO: 5.9 k states to 3.4 k); where weights are pinned
                 # it raises the bound at few states (12 % in dfno's chain at batch 4), and costs more time
-                if leaving > stay + staying and not self.pinned:
+                if fork and leaving > stay + staying and not self.pinned:
                     stay = max(stay, self.line(ctx, done, lay, back))
             return max(unpadded + rest, min(stay + staying, leaving))
         return unpadded + rest
