@@ -212,7 +212,7 @@ class LowerBound:
                               if top else (0.0, 0.0))
                 place = self.placement(entry, None)
                 whole = not any(n % split for n, split in zip(ctx.sizes(0), place.splits))  # an unpadded entry
-                forked = (back, staying, from_entry, sum(leaving), moves, whole, entry)
+                forked = (back, staying, from_entry, sum(leaving), moves, whole)
             # (not where `regrouping` counts the moves after the sum: `tails`)
             unpads = self.unpads(parent, after, j) if top and k == 0 and not padded and not fixed else None
             found = self._frame_bounds[fr, goal, loose, padded] = (rest, later, ends if k > 0 else None,
@@ -235,7 +235,7 @@ class LowerBound:
                 lines[memo] = unpadded
         if forked is not None:
             # the sum ends where it started, or every later term leaves that layout
-            back, staying, (own, chained), leaving, moves, whole, entry = forked
+            back, staying, (own, chained), leaving, moves, whole = forked
             later = later or 0.0
             staying += max(own + later, chained)
             stay = unpadded
@@ -828,11 +828,11 @@ class LowerBound:
         its placement among `Shuttles.placements` (memoised)."""
         found = self._placed.get(lay)
         if found is None:
-            named = sorted((m, a) for a, axes in enumerate(lay.value) for m in axes if self.mesh_sizes[m] > 1)
+            names, on = self.in_use(lay), {m: a for a, axes in enumerate(lay.value) for m in axes}
             index = 0
-            for _, a in named:
-                index = index * len(lay.value) + a
-            found = self._placed[lay] = (tuple(self.mesh_sizes[m] for m, _ in named), index)
+            for m in names:
+                index = index * len(lay.value) + on[m]
+            found = self._placed[lay] = (tuple(self.mesh_sizes[m] for m in names), index)
         return found
 
     def in_use(self, lay: Interned) -> tuple[str, ...]:
@@ -857,11 +857,7 @@ class LowerBound:
         found = self._pin_places.get(key)
         if found is None:
             found = []
-            for j, step in enumerate(ctx.steps):
-                pin = (self.pinned.get(step.leaf.name)
-                       if step.leaf is not None and step.weighted and not (step.terms or step.dense) else None)
-                if pin is None:
-                    continue
+            for j, step, pin in self.pinned_steps(ctx):
                 first = step.axes[0] if step.axes else 0
                 along, where, holds = 0, [-1] * len(names), True
                 for x, pinned in zip(step.leaf.param_axes, pin):
@@ -1434,17 +1430,21 @@ class LowerBound:
         if known is not None:
             return known
         found = []
-        for j, step in enumerate(ctx.steps):
-            if step.terms or not step.weighted or step.dense or step.leaf.name not in self.pinned:
-                continue
+        for j, step, pin in self.pinned_steps(ctx):
             first = step.axes[0] if step.axes else 0
-            pins = [(first + x, names) for x, names in zip(step.leaf.param_axes, self.pinned[step.leaf.name])
-                    if x is not None and names]
+            pins = [(first + x, names) for x, names in zip(step.leaf.param_axes, pin) if x is not None and names]
             splits = tuple((a, names, min(self.mesh_sizes[n] for n in names), ctx.dense_on[a]) for a, names in pins)
             if splits:
                 found.append((j, splits))
         found = self._pinned_splits[ctx] = tuple(found)
         return found
+
+    def pinned_steps(self, ctx: Context) -> Iterator[tuple]:
+        """`(index, step, its weight's pin)` of each pointwise step of `ctx` whose weight is
+        pinned (`pinned_splits`, `pin_places`)."""
+        for j, step in enumerate(ctx.steps):
+            if not (step.terms or not step.weighted or step.dense) and step.leaf.name in self.pinned:
+                yield j, step, self.pinned[step.leaf.name]
 
 
 def _moves(placed: tuple[tuple[int, int], ...], holders: tuple[tuple[int, int, int], ...], whole_before: int,
