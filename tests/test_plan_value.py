@@ -330,10 +330,10 @@ def test_a_batch_size_the_reference_placements_cannot_hold_says_where_they_are_i
 
 def test_a_batch_size_the_planner_gives_up_on_with_the_reference_placements_says_so(monkeypatch):
     """Planned at 4 samples; at 6 samples the search with those placements runs past its
-    budget (here 2,000 states; without one, its plan takes 7,466), while one that may
-    place the weights plans in 383. The error says the planner gave up, and where the
+    budget (here 1,000 states; without one, its plan takes 4,015), while one that may
+    place the weights plans in 303. The error says the planner gave up, and where the
     weights are."""
-    monkeypatch.setattr(search_module.Search.__init__, "__defaults__", ("auto", False, 2000, None))
+    monkeypatch.setattr(search_module.Search.__init__, "__defaults__", ("auto", False, 1000, None))
     model = FNO((8, 8, 8), width=2, modes=(1, 1, 4), layers=2, projection=8)
     dist = model.distribute((2, 1, 2, 1, 2), batch=4)
     placed = {name: spec for name, spec in dist.weights.items() if any(spec)}

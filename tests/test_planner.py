@@ -48,7 +48,7 @@ from parop.distributed.plan import CostModel, Goal, Plan, program
 from parop.distributed.plan.bound import Shuttles
 from parop.distributed.plan.goal import counts_goal, default_goal
 from parop.distributed.plan.plan import walk
-from parop.distributed.plan.program import chain
+from parop.distributed.plan.program import chain, prices_alike_backwards, transposed
 from parop.distributed.plan.room import no_room
 from parop.distributed.plan.search import PlanningError, Search
 from parop.nn import FNO
@@ -335,6 +335,105 @@ def test_the_fast_search_with_pinned_weights_is_as_cheap_as_the_exhaustive_searc
     compared, planned, wrong = pinned_sweep(cases())
     assert not wrong, f"{len(wrong)} of {compared} cases differ:\n" + "\n".join(wrong)
     assert compared >= 0.8 * PINNED_CASES and planned >= 0.3 * compared, (compared, planned)
+
+
+BACKWARDS_CASES = int(100 * SCALE)
+
+
+def full_layout(rng, sizes, mesh):
+    """Each mesh axis on a random tensor axis whose split it divides (every one placed), or
+    None where one fits nowhere."""
+    layout = [()] * len(sizes)
+    for name, size in mesh.items():
+        fits = [a for a, n in enumerate(sizes) if n % (math.prod(mesh[m] for m in layout[a]) * size) == 0]
+        if not fits:
+            return None
+        layout[int(rng.choice(fits))] += (name,)
+    return tuple(layout)
+
+
+def test_a_program_costs_what_its_adjoints_program_costs_the_other_way():
+    """What the look-ahead at a network's end rests on (`LowerBound.backwards`): trained,
+    with every mesh axis in use and `prices_alike_backwards`, the cheapest route of a
+    program from layout X to layout Y costs what the cheapest route of the adjoint's program
+    (`transposed`) costs from Y to X, in every field, or neither has one. Random programs
+    (the sweep's, an FNO layer one case in three), meshes, layouts and latencies, pointwise
+    weights pinned half the time; both ways by the exhaustive search."""
+    compared, planned, wrong = 0, 0, []
+    for i in range(BACKWARDS_CASES):
+        rng = np.random.default_rng([2032, i])
+        _, ops, shape, mesh, _, _, shard, _ = oracle_case(rng)
+        batch = shape[len(ops[0].domain_shape):]
+        if i % 3 == 0:
+            ops = [_fno_layer(rng)]
+            shape = ops[0].domain_shape + batch
+        shard = shard if rng.random() < 0.5 else False
+        prog = chain(ops, shape)
+        start, end = full_layout(rng, shape, mesh), full_layout(rng, ops[-1].range_shape + batch, mesh)
+        if start is None or end is None or not prices_alike_backwards(prog, shard):
+            continue
+        cost = CostModel(latency_bytes=LATENCIES[int(rng.integers(3))], training=True)
+        pins = random_pins(rng, prog, mesh) if rng.random() < 0.5 else {}
+        ways = []
+        for program_, a, b in ((prog, start, end), (transposed(prog), end, start)):
+            search = Search(mesh, cost, shard, exhaustive=True, pinned=pins, max_states=ORACLE_STATES)
+            try:
+                ways.append(search.run(program_, a, Goal.layout(b))[0])
+            except PlanningError as e:
+                ways.append(e)
+        if any(isinstance(way, PlanningError) and way.gave_up for way in ways):
+            continue
+        compared += 1
+        there, back = ways
+        planned += not isinstance(there, PlanningError)
+        alike = (isinstance(there, PlanningError) == isinstance(back, PlanningError)
+                 and (isinstance(there, PlanningError) or same_cost(there, back)))
+        if not alike:
+            wrong.append(f"case {i}: {ops} on {shape}, mesh {mesh}, {start} -> {end}, pins {pins}, {cost}, "
+                         f"shard_weights={shard}: there {there}, back {back}")
+    assert not wrong, f"{len(wrong)} of {compared} cases differ:\n" + "\n".join(wrong)
+    assert compared >= 0.4 * BACKWARDS_CASES and planned >= 0.5 * compared, (compared, planned)
+
+
+def test_the_look_ahead_found_backwards_is_the_least_cost_from_any_layout():
+    """`LowerBound.backwards` (the look-ahead at a network's end: the last operators of a
+    chain, from any layout over the mesh axes in use to the output's) is, where its search
+    finishes, the least over every layout of the exhaustive search's cost from there, and
+    never more where it does not. Random chains of two or three operators (the sweep's)
+    and FNO layers, pointwise weights pinned half the time."""
+    compared = 0
+    for i in range(3 * BACKWARDS_CASES):  # two in three draws cannot split the output, or sum a split away
+        rng = np.random.default_rng([2033, i])
+        ops = _chain(rng) if i % 3 else [_fno_layer(rng)]
+        batch = (int(rng.choice(SIZES)),) if rng.random() < 0.5 else ()
+        shape = ops[0].domain_shape + batch
+        mesh = MESHES[int(rng.integers(len(MESHES)))]
+        shard = ["auto", True, False][int(rng.integers(3))] if rng.random() < 0.5 else False
+        cost = CostModel(latency_bytes=LATENCIES[int(rng.integers(3))], training=True)
+        out = full_layout(rng, ops[-1].range_shape + batch, mesh)
+        entries = layouts(shape, list(mesh.items()))
+        if out is None or not entries:
+            continue
+        prog = chain(ops, shape)
+        pins = random_pins(rng, prog, mesh) if rng.random() < 0.5 else {}
+        goal = Goal.layout(out)
+        search = Search(mesh, cost, shard, pinned=pins)
+        root = search.context(prog, prog.shape, prog.dtype.itemsize)
+        least, complete = search.backwards(root, 0, frozenset(mesh), goal)
+        oracle = Search(mesh, cost, shard, exhaustive=True, pinned=pins, max_states=ORACLE_STATES)
+        try:
+            exact = next((cost[0] for cost, state, _, _ in oracle.explore(
+                oracle.context(prog, prog.shape, prog.dtype.itemsize), entries, goal) if state is not None), math.inf)
+        except PlanningError:
+            continue  # the exhaustive search gave up
+        if not prices_alike_backwards(prog, shard):
+            assert (least, complete) == (0.0, False)
+            continue
+        compared += 1
+        assert least <= exact * (1 + 1e-12) + 1e-9, (i, ops, shape, mesh, out, pins, least, exact)
+        if complete:
+            assert math.isclose(least, exact, rel_tol=1e-12, abs_tol=1e-9), (i, ops, shape, mesh, out, pins, least, exact)
+    assert compared >= 0.3 * BACKWARDS_CASES, compared
 
 
 WHOLE_CASES = int(120 * SCALE)

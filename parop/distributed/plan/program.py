@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Union
 
 import jax
@@ -190,6 +190,36 @@ def chain(ops, shape: tuple[int, ...], dtype=None) -> Program:
         builder = _Builder({id(leaf): i for i, leaf in enumerate(jax.tree.leaves(op))}, sizes)
         dtype = builder.steps(op, 0, dtype, steps)
     return _order(steps, tuple(shape), first)
+
+
+def transposed(prog: Program) -> Program:
+    """The program of the adjoint: `prog`'s steps in reverse order, each transposed (a
+    sum's terms too; a barrier stays one), on the tensor `prog` gives."""
+    sizes = list(prog.shape)
+    for step in prog.steps:
+        step.resize(sizes)
+    steps = [step if step.barrier else
+             replace(step.transposed(), terms=tuple(map(transposed, step.terms))) if step.terms else step.transposed()
+             for step in reversed(prog.steps)]
+    return _order(steps, tuple(sizes), prog.steps[-1].out_dtype if prog.steps else prog.dtype)
+
+
+def prices_alike_backwards(prog: Program, shard_weights) -> bool:
+    """Whether, trained, every route of `prog` costs what its transpose costs as a route of
+    `transposed(prog)` (the other way between the same layouts), where every mesh axis is
+    in use: no step can sum a split away or bring one (`REDUCE`, `BROADCAST`), none runs
+    tensor-parallel (a dense `Matrix` where `shard_weights` allows it), and each halo
+    exchange sends the same planes either way (the step keeps its sizes). Then each
+    action's transpose is an action of the search on the same tensor in the same layout,
+    with the same collectives forward and backward swapped (an `all_to_all` and the one
+    back; a step and its adjoint in the same form, with the same weight gradient)."""
+    for step in prog.all_steps():
+        roles = step.roles
+        if Role.REDUCE in roles or Role.BROADCAST in roles or (shard_weights and step.dense):
+            return False
+        if Role.HALO in roles and step.in_sizes != step.out_sizes:
+            return False
+    return True
 
 
 def _flow(flow: Flow) -> str:
