@@ -24,7 +24,7 @@ from .program import Program, prices_alike_backwards, transposed
 from .symmetry import automorphisms, move, structure
 
 if TYPE_CHECKING:
-    from .search import Interned, Search
+    from .search import Cost, Interned, Search
 
 LEAVING_STATES = 256  # the most states `LowerBound.leaving` searches a term for
 ALONE_STATES = 1_000  # the most states `LowerBound.entry_bound` searches an operator unlike the chain's others for
@@ -534,8 +534,8 @@ class LowerBound:
                 return _least_end(search.explore(search.context(prog, prog.shape, itemsize), entries, goal),
                                   BOUNDARY_STATES, enough=enough)
 
-            least_all, complete = self.backwards(root, j, used, goal)
-            if not complete:
+            least_all, self._boundary_costs[key] = self.backwards(root, j, used, goal)
+            if self._boundary_costs[key] is None:
                 tail, entries, itemsize = operators(j + 1, n - 1)
                 later = least(tail, [e for e in entries if goal.accepts(e)], itemsize)
                 apart = least(tail, [e for e in entries if not goal.accepts(e)], itemsize)
@@ -548,12 +548,13 @@ class LowerBound:
             found = self._boundaries[key] = least_all
         return found
 
-    def backwards(self, root: Context, j: int, used: frozenset, goal: Goal) -> tuple[float, bool]:
-        """`boundary` found backwards: `(least, complete)`, the least cost of the adjoint of
-        the chain's operators from `j` on (`transposed`), from the layouts `goal` accepts to
-        any over the mesh axes `used`, and whether the search got to its first end (else
-        the least key still open after `BACKWARD_STATES` states: a lower bound). `(0,
-        False)` where the costs are not alike both ways: not trained, or a mesh axis free.
+    def backwards(self, root: Context, j: int, used: frozenset, goal: Goal) -> tuple[float, Cost | None]:
+        """`boundary` found backwards: `(least, cost)`, the least time of the adjoint of the
+        chain's operators from `j` on (`transposed`), from the layouts `goal` accepts to
+        any over the mesh axes `used`, and its whole least cost where the search got to
+        its first end (else None, and `least` the least key still open after
+        `BACKWARD_STATES` states: a lower bound). `(0, None)` where the costs are not alike
+        both ways: not trained, or a mesh axis free.
 
         Trained, with every mesh axis in use, the cheapest route of a program from `X` to
         `Y` costs what the cheapest route of its adjoint costs from `Y` to `X`, wherever
@@ -567,11 +568,11 @@ class LowerBound:
         chain pinned at batch 8: 25.9 M from the parts, 30.0 M here (489 states); the
         small 2-D network of the random probe: 17.8 M and 21.0 M (4.9 k states)."""
         if not self.cost.training or any(size > 1 and name not in used for name, size in self.mesh):
-            return 0.0, False
+            return 0.0, None
         n = len(root.segments)
         prog = root.prog.segment(j, root.sizes(root.before(j)), n - 1)
         if not prices_alike_backwards(prog, self.shard_weights):
-            return 0.0, False
+            return 0.0, None
         back = transposed(prog)
         starts = [lay for lay in layouts(back.shape, [(m, size) for m, size in self.mesh if m in used])
                   if goal.accepts(lay)]
@@ -582,12 +583,23 @@ class LowerBound:
         try:
             for count, (cost, state, _, heap) in enumerate(search.explore(ctx, starts, Goal.any())):
                 if state is not None:
-                    return cost[0], True
+                    return cost[0], cost
                 if count == BACKWARD_STATES:
-                    return (heap[0][0][0] if heap else math.inf), False
+                    return (heap[0][0][0] if heap else math.inf), None
         except PlanningError:
-            return 0.0, False
-        return math.inf, True
+            return 0.0, None
+        return math.inf, (math.inf,) * 4
+
+    def last_cost(self, root: Context, i: int, lay: Interned, goal: Goal) -> Cost | None:
+        """The chain's operators from `i` on, where they are the last three and `backwards`
+        found their whole least cost from any layout over the mesh axes `lay` uses (else
+        None): a lower bound on every field of a route from `lay` in the cost's order (its
+        time, its bytes where the time is the same, ...), where `rest` bounds the time
+        alone."""
+        if i != len(root.segments) - 3:
+            return None
+        self.rest(root, i, lay, goal)  # which looks it up first
+        return self._boundary_costs.get((root, i, frozenset(m for axes in lay.value for m in axes), goal))
 
     def knows_entry_bound(self, ctx: Context, j: int, used: frozenset, least: float) -> None:
         """Sets `entry_bound(ctx, j, used, Goal.any())` to `least` (found otherwise)."""

@@ -226,6 +226,7 @@ class Search(LowerBound):
         self._exits: dict = {}
         self._rests: dict = {}
         self._boundaries: dict = {}
+        self._boundary_costs: dict = {}  # (root, j, used, goal) -> `backwards`'s whole cost, or None
         self._classes: dict = {}
         self._term_shapes: dict = {}
         self._pinning: dict = {}
@@ -547,6 +548,19 @@ class Search(LowerBound):
             return mine
 
         start = self.intern(entry)
+        # per layout, the whole least cost of the last three operators (`last_cost`), for the `sure` key
+        last_costs: list = [{} if i == n - 3 else None for i in range(n + 1)]
+
+        def sure_of(i: int, lay: Interned, cost: Cost, sure: Cost) -> Cost:
+            """`sure`, or where more, `cost` plus the whole least cost of the operators from
+            `i` on (known for the last three: `last_cost`)."""
+            if last_costs[i] is None:
+                return sure
+            last = last_costs[i].get(lay, False)
+            if last is False:
+                last = last_costs[i][lay] = self.last_cost(root, i, lay, goal)
+            return sure if last is None else max(sure, _add(cost, last))
+
         best, back = {(0, start): ZERO}, {}
         tie = itertools.count()
         first = (self.rest(root, 0, start, goal),) + ZERO[1:]
@@ -576,7 +590,8 @@ class Search(LowerBound):
                     best[(i + 1, out)] = total
                     back[(i + 1, out)] = lay
                     reach = (total[0] + self.rest(root, i + 1, out, goal),) + total[1:]
-                    heapq.heappush(heap, (reach, next(tie), total, i + 1, out, None, reach))
+                    sure = sure_of(i + 1, out, total, reach)
+                    heapq.heappush(heap, (reach if end is None else sure, next(tie), total, i + 1, out, None, sure))
                 if i == n - 1:  # the last operator: its first exit is the one
                     continue
                 k += 1
@@ -593,8 +608,10 @@ class Search(LowerBound):
                 # `least`'s later fields are those of the operator's open route of least time, which bound
                 # the routes of that time only: where the look-ahead raises the time to `floor`, a route of
                 # more time may reach it with fewer bytes, and only the cost so far bounds them (`sure`)
-                sure = (time,) + total[1:] if time >= floor else (floor,) + cost[1:]
+                sure = sure_of(i, lay, cost, (time,) + total[1:] if time >= floor else (floor,) + cost[1:])
                 key = (max(time, floor),) + total[1:] if end is None else sure
+                if end is not None and key >= end[0]:
+                    break  # no route on from here ends cheaper than the end found
                 if k < len(found.found) or (heap and heap[0][0] < key):
                     heapq.heappush(heap, (key, next(tie), cost, i, lay, k, sure))
                     break
