@@ -503,7 +503,9 @@ class Search(LowerBound):
         The look-ahead bounds only a route's time: where it raises an item's time above
         its operator's open routes', the bytes, collectives and weight bytes of those
         routes bound nothing (a route of more time may reach the raised time with fewer),
-        only the cost so far does (the `sure` key). The search orders its items by the
+        only the cost so far does (the `sure` key), and at the last three operators the
+        cost so far plus their whole least cost, where `backwards` found it (`last_cost`:
+        a bound on every field in the cost's order). The search orders its items by the
         raised time with the open route's later fields until it pops an end (that order
         decides among plans of equal cost), then searches on, by the sure key, whatever
         could still end cheaper, and keeps that end unless one costs strictly less: the
