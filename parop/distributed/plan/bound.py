@@ -598,7 +598,7 @@ class LowerBound:
         alone."""
         if i != len(root.segments) - 3:
             return None
-        self.rest(root, i, lay, goal)  # which looks it up first
+        self.rest(root, i, lay, goal)  # (memoised) runs `boundary`, which records the whole cost
         return self._boundary_costs.get((root, i, frozenset(m for axes in lay.value for m in axes), goal))
 
     def knows_entry_bound(self, ctx: Context, j: int, used: frozenset, least: float) -> None:
@@ -1506,7 +1506,7 @@ class LowerBound:
         """`(index, step, its weight's pin)` of each pointwise step of `ctx` whose weight is
         pinned (`pinned_splits`, `pin_places`)."""
         for j, step in enumerate(ctx.steps):
-            if not (step.terms or not step.weighted or step.dense) and step.leaf.name in self.pinned:
+            if not step.terms and step.weighted and not step.dense and step.leaf.name in self.pinned:
                 yield j, step, self.pinned[step.leaf.name]
 
 

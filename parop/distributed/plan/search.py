@@ -550,17 +550,11 @@ class Search(LowerBound):
             return mine
 
         start = self.intern(entry)
-        # per layout, the whole least cost of the last three operators (`last_cost`), for the `sure` key
-        last_costs: list = [{} if i == n - 3 else None for i in range(n + 1)]
 
         def sure_of(i: int, lay: Interned, cost: Cost, sure: Cost) -> Cost:
             """`sure`, or where more, `cost` plus the whole least cost of the operators from
             `i` on (known for the last three: `last_cost`)."""
-            if last_costs[i] is None:
-                return sure
-            last = last_costs[i].get(lay, False)
-            if last is False:
-                last = last_costs[i][lay] = self.last_cost(root, i, lay, goal)
+            last = self.last_cost(root, i, lay, goal)
             return sure if last is None else max(sure, _add(cost, last))
 
         best, back = {(0, start): ZERO}, {}
