@@ -511,9 +511,10 @@ class AllToAll:
                     yield AllToAll(moved, src, dst, pad, here.sizes[src] if padded and k == len(axes) else 0)
 
     def after(self, state: State) -> Layout:
-        k = len(self.axes)
-        return tuple(axes[:-k] if a == self.src else axes + self.axes if a == self.dst else axes
-                     for a, axes in enumerate(state.layout))
+        layout = list(state.layout)
+        layout[self.src] = layout[self.src][:-len(self.axes)]
+        layout[self.dst] += self.axes
+        return tuple(layout)
 
     def collectives(self, state: State):
         g = state.group(self.axes)

@@ -534,8 +534,8 @@ class LowerBound:
                 return _least_end(search.explore(search.context(prog, prog.shape, itemsize), entries, goal),
                                   BOUNDARY_STATES, enough=enough)
 
-            least_all, self._boundary_costs[key] = self.backwards(root, j, used, goal)
-            if self._boundary_costs[key] is None:
+            least_all, whole = self.backwards(root, j, used, goal)
+            if whole is None:
                 tail, entries, itemsize = operators(j + 1, n - 1)
                 later = least(tail, [e for e in entries if goal.accepts(e)], itemsize)
                 apart = least(tail, [e for e in entries if not goal.accepts(e)], itemsize)
@@ -566,7 +566,9 @@ class LowerBound:
         look-ahead, where the two parts of `boundary` search from every layout on each
         side of the hand-over and still miss what the pair costs together. The 32³ × 8
         chain pinned at batch 8: 25.9 M from the parts, 30.0 M here (489 states); the
-        small 2-D network of the random probe: 17.8 M and 21.0 M (4.9 k states)."""
+        small 2-D network of the random probe: 17.8 M and 21.0 M (4.9 k states). The
+        search is kept, to be searched on for the least cost from one layout
+        (`last_from`)."""
         if not self.cost.training or any(size > 1 and name not in used for name, size in self.mesh):
             return 0.0, None
         n = len(root.segments)
@@ -580,26 +582,37 @@ class LowerBound:
         ctx = search.context(back, back.shape, root.itemsize(root.full))
         for k in range(1, n - j):  # the adjoint's operator k is operator n - 1 - k
             search.knows_entry_bound(ctx, k, used, self.entry_bound(root, n - 1 - k, used, Goal.any()))
-        try:
-            for count, (cost, state, _, heap) in enumerate(search.explore(ctx, starts, Goal.any())):
-                if state is not None:
-                    return cost[0], cost
-                if count == BACKWARD_STATES:
-                    return (heap[0][0][0] if heap else math.inf), None
-        except PlanningError:
+        ends = self._backward_ends[(root, j, used, goal)] = AdjointEnds(
+            search.explore(ctx, starts, Goal.any(), before=True))
+        while ends.first is None and ends.step():
+            pass
+        if ends.failed:
             return 0.0, None
-        return math.inf, (math.inf,) * 4
+        return (ends.least, None) if ends.first is None else (ends.first[0], ends.first)
 
-    def last_cost(self, root: Context, i: int, lay: Interned, goal: Goal) -> Cost | None:
-        """The chain's operators from `i` on, where they are the last three and `backwards`
-        found their whole least cost from any layout over the mesh axes `lay` uses (else
-        None): a lower bound on every field of a route from `lay` in the cost's order (its
-        time, its bytes where the time is the same, ...), where `rest` bounds the time
-        alone."""
-        if i != len(root.segments) - 3:
+    def last_from(self, root: Context, j: int, lay: Interned, goal: Goal, need: float = -math.inf) -> Cost | None:
+        """A lower bound on the chain's operators from `j` on, from `lay` itself, in the
+        cost's order (its time, its bytes where the time is the same, ...), where
+        `backwards` found their least cost from any layout (else None): their whole least
+        cost from `lay` where its search has reached `lay` (stepped on until it does, or
+        until what it has left open costs `need` or more), else the larger of that least
+        cost from any layout and the least time left open (with no bytes: added to a cost
+        so far, a bound on the whole cost).
+
+        The adjoint's search pops its ends, the layouts the operators start in, in the
+        order of their least cost (each end searched on from too: a route may pass one and
+        move on), so one search serves every layout a network's last layer starts in,
+        where the layer's exits are searched from each: the seed-0 scan's 16 × 8 × 32 × 32
+        chain of 4 layers, 6,942 states to 3,519."""
+        used = frozenset(m for axes in lay.value for m in axes)
+        self.boundary(root, j, used, goal)  # (memoised) runs `backwards`
+        ends = self._backward_ends.get((root, j, used, goal))
+        if ends is None or ends.first is None:
             return None
-        self.rest(root, i, lay, goal)  # (memoised) runs `boundary`, which records the whole cost
-        return self._boundary_costs.get((root, i, frozenset(m for axes in lay.value for m in axes), goal))
+        while lay.value not in ends.found and ends.least < need and ends.step():
+            pass
+        found = ends.found.get(lay.value)
+        return found if found is not None else max(ends.first, (ends.least, 0.0, 0, 0.0))
 
     def knows_entry_bound(self, ctx: Context, j: int, used: frozenset, least: float) -> None:
         """Sets `entry_bound(ctx, j, used, Goal.any())` to `least` (found otherwise)."""
@@ -858,7 +871,8 @@ class LowerBound:
                     least = min(sizes)
                     table = tables.shuttles[table_key] = Shuttles(
                         ctx, sizes, price=lambda d: self.all_to_all_price(ctx.nbytes(d), least), target=target,
-                        pins=pins, fits=tables.fits.setdefault((ctx, sizes, pins), {}))
+                        pins=pins, fits=tables.fits.setdefault((ctx, sizes, pins), {}),
+                        priced=tables.priced.setdefault((len(ctx.shape), len(sizes)), {}))
                 found = table.fewest(done)[self.placed(lay)[1]]
             self._shuttled_to[key] = found
         return found
@@ -1666,6 +1680,42 @@ def _splits_in(place: Placement, b: int, whole: int, freed: frozenset) -> bool:
         m not in place.used or m in freed for m in place.prefixes[b] if whole >> b & 1 or m not in place.layout[b])
 
 
+class AdjointEnds:
+    """`backwards`' search of an adjoint, stepped on as asked (`LowerBound.last_from`):
+    the ends it has popped (`found`: layout -> least cost; `first`, the cheapest, or None),
+    and `least`, a lower bound on the time of every end not popped yet. It stops after
+    `BACKWARD_STATES` states in all, or where the search fails (`failed`)."""
+
+    def __init__(self, ends: Iterator):
+        self.ends = ends
+        self.found: dict = {}
+        self.first: tuple | None = None
+        self.least = 0.0
+        self.states = 0
+        self.over = self.failed = False
+
+    def step(self) -> bool:
+        """Searches one state on (or takes the end popped next); False where it cannot."""
+        if self.over or self.states >= BACKWARD_STATES:
+            return False
+        try:
+            cost, state, _, heap = next(self.ends)
+        except StopIteration:
+            self.over, self.least = True, math.inf
+            return False
+        except PlanningError:
+            self.over = self.failed = True
+            return False
+        if state is not None:
+            self.found.setdefault(state[3].value, cost)
+            self.first = self.first or cost
+            self.least = cost[0]
+        else:
+            self.states += 1
+            self.least = heap[0][0][0] if heap else math.inf
+        return True
+
+
 def _least_end(ends: Iterator, states: float = math.inf, accepts: Callable[[tuple], bool] = lambda state: True,
                enough: float = math.inf) -> float:
     """The time of the cheapest end that `accepts` in `ends` (an `explore`), or, once it has
@@ -1732,11 +1782,14 @@ class Shuttles:
 
     def __init__(self, ctx: Context, sizes: tuple[int, ...], unpadded: bool = False,
                  price: Callable[[int], float] | None = None, target: tuple[int, ...] | None = None,
-                 pins: tuple = (), fits: dict | None = None):
+                 pins: tuple = (), fits: dict | None = None, priced: dict | None = None):
         self.ctx, self.unpadded, self.price, self.target = ctx, unpadded, price, target
         # (steps done, step) -> where that step may run: shared by the tables of one context, mesh axis sizes
         # and pins (`Tables.fits`)
         self.fits = {} if fits is None else fits
+        # a move's price -> `distance` times it: shared by the tables of one plan on as many tensor and mesh
+        # axes (`Tables.priced`; a few prices per plan, one per tensor size the moves see)
+        self.priced = {} if priced is None else priced
         ndim = len(ctx.shape)
         self.placements = np.array(list(itertools.product(range(ndim), repeat=len(sizes))), dtype=np.int64)
         # the pieces each tensor axis is split into, per placement
@@ -1797,6 +1850,13 @@ class Shuttles:
             found = self.memo[done] = self.solve(done).tolist()
         return found
 
+    def priced_moves(self, price: float) -> np.ndarray:
+        """`distance` times a move's `price` (memoised)."""
+        found = self.priced.get(price)
+        if found is None:
+            found = self.priced[price] = self.distance * price
+        return found
+
     def solve(self, done: int) -> np.ndarray:
         """`fewest` as an array (memoised)."""
         found = self.solved.get(done)
@@ -1826,6 +1886,6 @@ class Shuttles:
                                 fits &= self.pinned[j]
                             self.fits[(done, j)] = fits
                         ready = np.minimum(ready, np.where(fits, self.solve(done | 1 << j), math.inf))
-            moves = self.distance if self.price is None else self.distance * self.price(done)
+            moves = self.distance if self.price is None else self.priced_moves(self.price(done))
             found = self.solved[done] = (moves + ready[None, :]).min(axis=1)
         return found

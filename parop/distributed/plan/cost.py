@@ -100,6 +100,6 @@ class CostModel:
     def price(self, forward, backward) -> tuple[float, float, int]:
         """`(time in bytes, bytes sent, collectives)` of a program or an action running
         the collectives `forward` (and, when training, `backward`)."""
-        paid = tuple(forward) + tuple(backward) if self.training else tuple(forward)
+        paid = (*forward, *backward) if self.training else tuple(forward)
         nbytes = sum(c.bytes for c in paid)
         return (nbytes + self.latency_bytes * len(paid), nbytes, len(paid))

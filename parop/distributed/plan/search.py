@@ -173,6 +173,7 @@ class Tables:
         self.shuttles: dict = {}  # (context, mesh axis sizes in use, unpadded end or target, pins) -> `Shuttles`
         self.asked: dict = {}  # a table's key -> the states that asked for it (`shuttling_to`)
         self.fits: dict = {}  # (context, mesh axis sizes in use, pins) -> where each step may run (`Shuttles.fits`)
+        self.priced: dict = {}  # (tensor axes, mesh axes in use) -> {a move's price: `Shuttles.priced_moves`}
 
 
 class Search(LowerBound):
@@ -226,7 +227,7 @@ class Search(LowerBound):
         self._exits: dict = {}
         self._rests: dict = {}
         self._boundaries: dict = {}
-        self._boundary_costs: dict = {}  # (root, j, used, goal) -> `backwards`'s whole cost, or None
+        self._backward_ends: dict = {}  # (root, j, used, goal) -> `backwards`'s search (`AdjointEnds`)
         self._classes: dict = {}
         self._term_shapes: dict = {}
         self._pinning: dict = {}
@@ -244,7 +245,7 @@ class Search(LowerBound):
         of dfno's chain at batch 4 once the bound's tables outlived the search); the states
         expanded are kept."""
         self._expanded = self.expanded
-        for found in self._exits.values():
+        for found in (*self._exits.values(), *self._backward_ends.values()):
             found.ends.close()  # its search's frame refers back to the search
         subs = self._subs
         self._tables(Tables())
@@ -504,9 +505,15 @@ class Search(LowerBound):
         its operator's open routes', the bytes, collectives and weight bytes of those
         routes bound nothing (a route of more time may reach the raised time with fewer),
         only the cost so far does (the `sure` key), and at the last three operators the
-        cost so far plus their whole least cost, where `backwards` found it (`last_cost`:
-        a bound on every field in the cost's order). The search orders its items by the
-        raised time with the open route's later fields until it pops an end (that order
+        cost so far plus their whole least cost, where `backwards` found it (`last_from`:
+        a bound on every field in the cost's order, from the item's own layout as far as
+        that search has reached it). Where the third last operator repeats (a network's
+        last layer), an item there is pushed back with that bound's time, its search
+        stepped on while the item is the cheapest: one search backwards from the output
+        serves every layout the layer starts in, where the layer's exits are searched from
+        each (not for a network's single layer: the layouts the lifting hands over in are
+        dear to reach backwards, up to 3.3 times the states). The search orders its items
+        by the raised time with the open route's later fields until it pops an end (that order
         decides among plans of equal cost), then searches on, by the sure key, whatever
         could still end cheaper, and keeps that end unless one costs strictly less: the
         whole cost order (time, bytes, collectives, weight bytes held) is the exhaustive
@@ -551,10 +558,21 @@ class Search(LowerBound):
 
         start = self.intern(entry)
 
+        stepping = n >= 3 and not self.alone(root, n - 3)
+
+        def last_from(i: int, lay: Interned, cost: Cost, step: bool = False) -> Cost | None:
+            """The operators from `i` on, from `lay` (`LowerBound.last_from`), where they are
+            the last three; `step`: their search is stepped on while an item at `cost` is the
+            cheapest, where the third last operator repeats (a network's last layer)."""
+            if i != n - 3:
+                return None
+            need = (heap[0][0][0] if heap else math.inf) - cost[0] if step and stepping else -math.inf
+            return self.last_from(root, i, lay, goal, need)
+
         def sure_of(i: int, lay: Interned, cost: Cost, sure: Cost) -> Cost:
             """`sure`, or where more, `cost` plus the whole least cost of the operators from
-            `i` on (known for the last three: `last_cost`)."""
-            last = self.last_cost(root, i, lay, goal)
+            `i` on, as far as known (`last_from`)."""
+            last = last_from(i, lay, cost)
             return sure if last is None else max(sure, _add(cost, last))
 
         best, back = {(0, start): ZERO}, {}
@@ -569,6 +587,12 @@ class Search(LowerBound):
             if best[(i, lay)] < cost:
                 continue
             if k is None:  # operator i starts from `lay`
+                last = last_from(i, lay, cost, step=True)
+                if last is not None and cost[0] + last[0] > key[0]:  # pushed back, its time raised
+                    sure = max(sure, _add(cost, last))
+                    heapq.heappush(heap, (((cost[0] + last[0],) + key[1:]) if end is None else sure, next(tie), cost,
+                                          i, lay, None, sure))
+                    continue
                 if i == n:
                     if end is None:  # see `sure` below: the items whose time ties the end's are searched on
                         heap = [(item[-1],) + item[1:] for item in heap]
@@ -594,6 +618,9 @@ class Search(LowerBound):
             # every exit from the k-th on costs at least `least`, and hands over with the mesh axes used
             # now unless the operator can sum one away; and no route from `lay` costs less than `rest`
             ahead = (0.0 if summing[i] else self.rest(root, i + 1, lay, goal), self.rest(root, i, lay, goal))
+            last = last_from(i, lay, cost, step=True)
+            if last is not None:
+                ahead = (ahead[0], max(ahead[1], last[0]))
             found = exits(i, lay)[0]
             while True:
                 least = found.least(k)
