@@ -557,8 +557,7 @@ class Search(LowerBound):
             return mine
 
         start = self.intern(entry)
-
-        stepping = n >= 3 and not self.alone(root, n - 3)
+        stepping = n >= 3 and not self.alone(root, n - 3)  # see `last_from`
 
         def last_from(i: int, lay: Interned, cost: Cost, step: bool = False) -> Cost | None:
             """The operators from `i` on, from `lay` (`LowerBound.last_from`), where they are
