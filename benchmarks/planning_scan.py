@@ -4,10 +4,12 @@ scope rather than picked by hand: 1-D to 4-D grids, up to 8 layers, with or with
 half of them planned again with the weights pinned where a reference batch's plan put
 them, as `evaluate` does for a partial last batch), 1 to 3 mesh axes of 2, 4 or 8 devices over the batch and grid axes, up to 512 devices.
 
-`python benchmarks/planning_scan.py [--count 40] [--seed 0] [--hard]` prints a summary (how
-many chains plan in under 1 s, the median, the slowest) and the slowest chains, as
-markdown. `--hard` draws from the scope's hardest corner only: 3-D and 4-D grids with three
-grid axes split (most of the scope's chains are quick).
+`python benchmarks/planning_scan.py [--count 40] [--seed 0] [--hard] [--large-batches]`
+prints a summary (how many chains plan in under 1 s, the median, the slowest) and the
+slowest chains, as markdown. `--hard` draws from the scope's hardest corner only: 3-D and
+4-D grids with three grid axes split (most of the scope's chains are quick).
+`--large-batches` draws batch sizes of 12 to 128 instead (a multiple of the batch axis's
+split), where the batch axis can hold the mesh axes the grid axes hold.
 A chain for which no plan exists (an axis too small for its split, say) is drawn again;
 one the planner gives up on counts as a miss. Times are the planning process's CPU
 seconds of the one plan timed (the pinned plan, where there is one).
@@ -33,10 +35,14 @@ from parop.nn import FNO  # noqa: E402
 LIMIT = 1.0  # seconds: the target for every chain
 
 
-def draw_chain(rng: random.Random, hard: bool = False) -> dict:
+LARGE_BATCHES = (12, 16, 24, 27, 32, 48, 50, 64, 96, 100, 128)
+
+
+def draw_chain(rng: random.Random, hard: bool = False, large: bool = False) -> dict:
     """One FNO chain of the scope: `{grid, modes, width, layers, local_kernel, partition,
     batch, reference}` (`reference`: the batch whose plan pins the weights, or None);
-    `hard`: a 3-D or 4-D grid with three of its axes split."""
+    `hard`: a 3-D or 4-D grid with three of its axes split; `large`: a batch size of
+    `LARGE_BATCHES`, rounded up to a multiple of the batch axis's split."""
     dims = rng.choice([3, 4] if hard else [1, 2, 3, 4])
     grid = tuple(rng.choice([32, 64, 256] if dims == 1 else [8, 16, 32]) for _ in range(dims))
     modes = tuple(max(2, n // rng.choice([2, 4])) for n in grid)
@@ -48,7 +54,10 @@ def draw_chain(rng: random.Random, hard: bool = False) -> dict:
     for a in axes:
         partition[a] = rng.choice([2, 4, 8])
     split = partition[0]
-    batch = split * rng.choice([1, 2]) if split > 1 else rng.randint(1, 8)
+    if large:
+        batch = -(-rng.choice(LARGE_BATCHES) // split) * split
+    else:
+        batch = split * rng.choice([1, 2]) if split > 1 else rng.randint(1, 8)
     reference = split if rng.random() < 0.5 and batch != split else None
     return dict(grid=grid, modes=modes, width=rng.choice([4, 8, 20]), layers=rng.choice([1, 2, 4, 8]),
                 local_kernel=rng.choice([None, 3]), partition=tuple(partition), batch=batch, reference=reference)
@@ -77,12 +86,12 @@ def plan_chain(chain: dict) -> dict:
             "seconds": time.process_time() - start, "gave_up": False}
 
 
-def scan(count: int, seed: int = 0, hard: bool = False, log=None) -> list[dict]:
+def scan(count: int, seed: int = 0, hard: bool = False, log=None, large: bool = False) -> list[dict]:
     """`count` chains drawn with `seed` (those with no plan drawn again), each planned."""
     rng, rows = random.Random(seed), []
     while len(rows) < count:
         try:
-            row = plan_chain(draw_chain(rng, hard))
+            row = plan_chain(draw_chain(rng, hard, large))
         except PlanningError:
             continue
         rows.append(row)
@@ -106,12 +115,12 @@ def describe(row: dict) -> str:
             f"{row['seconds']:.2f} s, {took}")
 
 
-def report(rows: list[dict], seed: int, hard: bool = False, slowest: int = 10) -> str:
+def report(rows: list[dict], seed: int, hard: bool = False, slowest: int = 10, large: bool = False) -> str:
     """The summary and the slowest chains, as markdown."""
     seconds = sorted(r["seconds"] for r in rows)
     under = sum(1 for r in rows if not r["gave_up"] and r["seconds"] < LIMIT)
     gave_up = sum(1 for r in rows if r["gave_up"])
-    corner = ", 3-D and 4-D with three grid axes split" if hard else ""
+    corner = (", 3-D and 4-D with three grid axes split" if hard else "") + (", batch sizes 12 - 128" if large else "")
     lines = [f"{len(rows)} random FNO chains (seed {seed}{corner}): {under} planned in under {LIMIT:g} s, "
              f"{gave_up} given up; median {statistics.median(seconds):.2f} s, slowest {seconds[-1]:.2f} s.", "",
              "| chain | partition | devices | batch | states | seconds |", "|---|---|---|---|---|---|"]
@@ -127,9 +136,11 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hard", action="store_true", help="3-D and 4-D grids with three grid axes split")
+    parser.add_argument("--large-batches", action="store_true", help="batch sizes of 12 to 128")
     args = parser.parse_args()
-    rows = scan(args.count, args.seed, args.hard, log=lambda line: print(line, file=sys.stderr, flush=True))
-    print(report(rows, args.seed, args.hard))
+    rows = scan(args.count, args.seed, args.hard, log=lambda line: print(line, file=sys.stderr, flush=True),
+                large=args.large_batches)
+    print(report(rows, args.seed, args.hard, large=args.large_batches))
 
 
 if __name__ == "__main__":

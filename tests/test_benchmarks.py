@@ -195,6 +195,10 @@ def test_the_chain_scan_draws_chains_in_the_planning_targets_scope():
     assert {len(c["grid"]) for c in chains} == {1, 2, 3, 4} and any(c["reference"] for c in chains)
     for c in (planning_scan.draw_chain(rng, hard=True) for _ in range(100)):
         assert len(c["grid"]) >= 3 and sum(p > 1 for p in c["partition"][2:]) == 3
+    large = [planning_scan.draw_chain(rng, large=True) for _ in range(100)]
+    for c in large:
+        assert 12 <= c["batch"] <= 128 and c["batch"] % c["partition"][0] == 0
+    assert any(c["batch"] % 2 for c in large) and any(c["reference"] for c in large)
     chain = dict(grid=(16,), modes=(4,), width=4, layers=2, local_kernel=3, partition=(1, 1, 2), batch=3, reference=1)
     row = planning_scan.plan_chain(chain)
     assert row["states"] > 0 and not row["gave_up"] and row["devices"] == 2
