@@ -630,7 +630,9 @@ class Search(LowerBound):
                 # `least`'s later fields are those of the operator's open route of least time, which bound
                 # the routes of that time only: where the look-ahead raises the time to `floor`, a route of
                 # more time may reach it with fewer bytes, and only the cost so far bounds them (`sure`)
-                sure = sure_of(i, lay, cost, (time,) + total[1:] if time >= floor else (floor,) + cost[1:])
+                sure = (time,) + total[1:] if time >= floor else (floor,) + cost[1:]
+                if last is not None:  # (`sure_of`, with the `last_from` found above: the same within the loop)
+                    sure = max(sure, _add(cost, last))
                 key = (max(time, floor),) + total[1:] if end is None else sure
                 if end is not None and key >= end[0]:
                     break  # no route on from here ends cheaper than the end found
