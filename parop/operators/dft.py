@@ -140,18 +140,27 @@ def _length_one(x: jax.Array, to_complex: bool, to_real: bool = False) -> jax.Ar
 
 
 def _fft(transform: Callable, x: jax.Array, axes, **options) -> jax.Array:
-    """`transform(x, axes=axes, **options)` (an `fftn` of `jnp.fft`) with `x`'s length-1
-    axes outside `axes` dropped around it and put back: XLA:CPU's FFT refused an operand
-    laid out other than row-major (a RET_CHECK in its FFT thunk), and its layout
-    assignment may put a length-1 axis anywhere (seen on a (1, 2) tensor inside a jitted
-    product of two distributed programs)."""
-    axes = tuple(a % x.ndim for a in axes)
-    unit = tuple(a for a in range(x.ndim) if x.shape[a] == 1 and a not in axes)
-    if not unit:
-        return transform(x, axes=axes, **options)
-    kept = [a for a in range(x.ndim) if a not in unit]
-    y = transform(jnp.squeeze(x, unit), axes=tuple(kept.index(a) for a in axes), **options)
-    return jnp.expand_dims(y, unit)
+    """`transform(x, axes=axes, **options)` (an `fftn` of `jnp.fft`) with its operand and
+    its result laid out row-major: XLA:CPU's FFT refuses any other layout (an INTERNAL
+    RET_CHECK in its FFT thunk), and its layout assignment may give the FFT the layout of
+    a collective next to it (a length-1 axis moved anywhere; an all-gather's axis made
+    the most major in a pullback: both found by the property tests in jitted products of
+    two distributed programs). Each passes through a flat array behind an optimisation
+    barrier, which XLA cannot lay out otherwise and cannot simplify away: free reshapes
+    where the layout is row-major already, a copy where it was not (the same guard on
+    the result guards the operand of the FFT the pullback runs).
+
+    >>> x = jnp.arange(8.0).reshape(2, 4)
+    >>> bool(jnp.allclose(_fft(jnp.fft.fftn, x, (1,)), jnp.fft.fft(x)))
+    True
+    """
+    y = transform(_row_major(x), axes=tuple(a % x.ndim for a in axes), **options)
+    return _row_major(y)
+
+
+def _row_major(x: jax.Array) -> jax.Array:
+    """`x`, laid out row-major where it meets an FFT (see `_fft`)."""
+    return jax.lax.optimization_barrier(x.reshape(-1)).reshape(x.shape)
 
 
 def fusable(run: list, leaf, axis: int) -> bool:
