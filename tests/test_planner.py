@@ -1531,6 +1531,42 @@ def test_the_look_ahead_over_a_networks_last_operators_is_a_lower_bound():
         assert same_cost(Search(mesh, cost, False).run(prog, entry, goal)[0], exact)
 
 
+@pytest.mark.parametrize("pinned", [False, True])
+@pytest.mark.parametrize("grid, modes, mesh, batch, kernel", [
+    ((4, 4), (2, 2), (2, 2), 1, None),
+    ((4, 4), (2, 1), (2, 2), 4, 3),
+    ((4, 4, 4), (2, 2, 2), (2, 2), 2, None),
+    ((8, 4), (4, 2), (4, 2), 4, None),
+])
+def test_a_layers_entry_bound_is_its_least_cost_from_any_layout(grid, modes, mesh, batch, kernel, pinned):
+    """The look-ahead's bound on a network's layer (`Search.entry_bound`) is its least cost
+    from any even layout over every mesh axis, as the exhaustive search finds it, for
+    training and for inference, its weights free or pinned where a plan put them.
+    Pinned, it is searched as the chain searches the layer (no move to an even layout
+    before its first step: that move is the operator's before it), and the least is the
+    same: a route that moves first costs no less than its rest from where it moved to,
+    another entry."""
+    model = FNO(grid, width=2, modes=modes, layers=2, projection=2, local_kernel=kernel)
+    abstract = AbstractMesh(mesh, ("a", "b"))
+    pins = {}
+    if pinned:
+        dist = model.distribute(P(None, None, "a", "b", *[None] * (len(grid) - 2)), mesh=abstract, batch=batch)
+        pins = {name: layout_of(spec, len(dist.parameters[name].param_shape), abstract, "pins")
+                for name, spec in dist.weights.items()}
+    ops = named(*FNO._build(model, batch))
+    prog = chain(ops, ops[0].domain_shape)
+    mesh = dict(abstract.shape)
+    for cost in (CostModel(), CostModel(latency_bytes=0.0, training=False)):
+        search = Search(mesh, cost, False, pinned=pins)
+        root = search.context(prog, prog.shape, prog.dtype.itemsize)
+        layer = search.operator(root, 1)
+        entries = layouts(root.sizes(root.before(1)), list(mesh.items()))
+        oracle = Search(mesh, cost, False, exhaustive=True, pinned=pins)
+        ends = oracle.explore(oracle.context(layer, layer.shape, root.itemsize(root.before(1))), entries, Goal.any())
+        least = next(cost[0] for cost, state, _, _ in ends if state is not None)
+        assert math.isclose(search.entry_bound(root, 1, frozenset(mesh), Goal.any()), least, rel_tol=1e-12), cost
+
+
 def test_an_fno_planned_for_another_batch_size_costs_what_the_exhaustive_search_finds():
     """An FNO planned at batch 1, then at batch 2 with every weight pinned where the
     batch-1 plan put it: its spectral weights sit on mesh axes of equal size in an order
