@@ -148,10 +148,14 @@ def _fft(transform: Callable, x: jax.Array, axes, **options) -> jax.Array:
     two distributed programs). Each passes through a flat array behind an optimisation
     barrier, which XLA cannot lay out otherwise and cannot simplify away: free reshapes
     where the layout is row-major already, a copy where it was not (the same guard on
-    the result guards the operand of the FFT the pullback runs).
+    the result guards the operand of the FFT the pullback runs). Only in a traced
+    program: an FFT run eagerly is a program of its own, its operand row-major, and the
+    guard's own dispatches would cost more than the FFTs (two DFT(16) on 16 x 16 x 4:
+    107 -> 170 - 217 us a call).
 
     >>> x = jnp.arange(8.0).reshape(2, 4)
-    >>> bool(jnp.allclose(_fft(jnp.fft.fftn, x, (1,)), jnp.fft.fft(x)))
+    >>> y = jax.jit(lambda x: _fft(jnp.fft.fftn, x, (1,)))(x)
+    >>> bool(jnp.allclose(y, jnp.fft.fft(x)))
     True
     """
     y = transform(_row_major(x), axes=tuple(a % x.ndim for a in axes), **options)
@@ -159,7 +163,9 @@ def _fft(transform: Callable, x: jax.Array, axes, **options) -> jax.Array:
 
 
 def _row_major(x: jax.Array) -> jax.Array:
-    """`x`, laid out row-major where it meets an FFT (see `_fft`)."""
+    """`x`, laid out row-major where it meets an FFT in a traced program (see `_fft`)."""
+    if not isinstance(x, jax.core.Tracer):
+        return x
     return jax.lax.optimization_barrier(x.reshape(-1)).reshape(x.shape)
 
 
