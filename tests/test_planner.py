@@ -1563,7 +1563,7 @@ def test_a_layers_entry_bound_is_its_least_cost_from_any_layout(grid, modes, mes
         entries = layouts(root.sizes(root.before(1)), list(mesh.items()))
         oracle = Search(mesh, cost, False, exhaustive=True, pinned=pins)
         ends = oracle.explore(oracle.context(layer, layer.shape, root.itemsize(root.before(1))), entries, Goal.any())
-        least = next(cost[0] for cost, state, _, _ in ends if state is not None)
+        least = next(found[0] for found, state, _, _ in ends if state is not None)
         assert math.isclose(search.entry_bound(root, 1, frozenset(mesh), Goal.any()), least, rel_tol=1e-12), cost
 
 

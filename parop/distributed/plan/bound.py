@@ -467,8 +467,8 @@ class LowerBound:
                     entries, pins = list(dict.fromkeys(c[0].value for c in canon)), canon[0][2]
                 search = self.renamed(pins)  # (the search the chain's searches of the operator run in)
                 root = search.context(prog, prog.shape, ctx.itemsize(before))
-                pinned = all(step.leaf.name in search.pinned for step in prog.all_steps() if step.weighted)
-                ends = search.explore(root, entries, goal, *((j > 0, j < len(ctx.segments) - 1) if pinned else ()))
+                rules = (j > 0, j < len(ctx.segments) - 1) if search.pins_every_weight(prog) else ()
+                ends = search.explore(root, entries, goal, *rules)
                 self._entry_bounds[alike] = _least_end(ends, states)
             self._entry_bounds[key] = self._entry_bounds[alike]
         return self._entry_bounds[key]
@@ -983,8 +983,13 @@ class LowerBound:
         return (bool(self.mesh_used)  # on one device nothing moves: nothing to count
                 and sorted(self.mesh_sizes[m] for m in names) == sorted(self.mesh_used)
                 and not any(term.psum_steps | term.sums for term in terms)
-                and all(step.leaf.name in self.pinned for term in terms for step in term.prog.all_steps()
-                        if step.weighted))
+                and all(self.pins_every_weight(term.prog) for term in terms))
+
+    def pins_every_weight(self, prog: Program) -> bool:
+        """Whether every weight of `prog` is pinned (a network planned again at another
+        batch size): no later plan is then pinned to which of equally cheap routes the
+        search finds first."""
+        return all(step.leaf.name in self.pinned for step in prog.all_steps() if step.weighted)
 
     def adjacencies(self, lay: Interned) -> frozenset:
         """Each mesh axis of `lay` with what comes right before it: the mesh axis before

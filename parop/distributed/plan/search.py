@@ -484,7 +484,7 @@ class Search(LowerBound):
         free, the plan picks among equally cheap ones the placement that other batch
         sizes are pinned to, so those keep the dynamic programming's choice."""
         return (all(self.alone(root, i) for i in range(len(root.segments)))
-                and all(step.leaf.name in self.pinned for step in root.prog.all_steps() if step.weighted))
+                and self.pins_every_weight(root.prog))
 
     def chain(self, root: Context, entry: Layout, goal: Goal):
         """The cheapest route through a chain (a program with barriers), by dynamic
