@@ -357,8 +357,13 @@ class Search(LowerBound):
         to the same ends before it learned (adaptive A*): a search that pops its first end
         at time `C` has reached each state `s` by a route of time `g(s)`, so every route
         from `s` to an end takes at least `C - g(s)` (from its entry through `s`, it costs
-        at least `C`). A chain's searches of one operator from several entries use it."""
+        at least `C`). A chain's searches of one operator from several entries use it.
+
+        Once an end is popped, the bound of a state inside a sum that ends the program
+        stops counting the routes that end there again (`bound`'s `popped`): the end was
+        popped at its least cost and is searched on from itself."""
         best, back, heap = {}, {}, []
+        popped: set = set()  # the layouts of the ends popped (`bound`'s `popped`)
         tie = itertools.count()
         # what the searches of this program to these ends learned (the docstring's last paragraph; Dijkstra's
         # searches use no bound)
@@ -397,7 +402,7 @@ class Search(LowerBound):
             if bounds is None:
                 fr = nxt[0]
                 loose = fr is not None and (fr, goal, False, padded) not in frame_bounds
-                bound = bound_of(nxt, goal, lines, loose, fork=False, padded=padded)
+                bound = bound_of(nxt, goal, lines, loose, fork=False, padded=padded, popped=popped)
                 loose = loose or (fr is not None and fr.value[-1][3] == 0)
             else:
                 bound = bounds.get(goal)
@@ -413,7 +418,7 @@ class Search(LowerBound):
             if best[state] < cost:
                 continue
             if loose:  # its whole bound now: pushed back if that is more
-                exact = (cost[0] + bound_of(state, goal, padded=padded), cost[1], cost[2], cost[3])
+                exact = (cost[0] + bound_of(state, goal, padded=padded, popped=popped), cost[1], cost[2], cost[3])
                 if exact > key:
                     push(heap, (exact, next(tie), cost, state, False))
                     continue
@@ -422,6 +427,7 @@ class Search(LowerBound):
                 if lay not in accepted:
                     accepted[lay] = goal.accepts(lay.value) and (padded or not self.node(ctx, done, lay).here.any_padded)
                 if accepted[lay]:
+                    popped.add(lay)
                     if not recorded:  # what this search learned (see above)
                         recorded, first = True, cost[0]
                         for reached, way in best.items():
