@@ -743,13 +743,13 @@ def test_a_layers_exits_cost_what_the_exhaustive_search_finds():
     """The first 8 exits of a random FNO layer between two others (`random_layer_exits`)
     cost, one by one, what the exhaustive search's first 8 cost (time, bytes,
     collectives, weight bytes held; equally cheap exits may come in another order), or
-    both find the same fewer where the layer has no more. Once
-    an exit is popped the fast search stops counting the routes that end there again
-    (`LowerBound.bound`'s `popped`), so its later exits rest on that rule. Cases the
-    exhaustive search cannot finish within its state budget are not counted; most are.
-    (Dropping that case wherever any exit was popped, not
-    only at the sum's own entry layout, gives a dearer exit in 9 of 400 cases, the first
-    at case 44: a layer at an odd batch size entering its sum padded.)"""
+    both find the same fewer where the layer has no more. Once an exit is popped the
+    fast search stops counting the routes that end there again (`LowerBound.bound`'s
+    `popped`), so its later exits rest on that rule. Cases the exhaustive search cannot
+    finish within its state budget are not counted; most are. (Dropping that case
+    wherever any exit was popped, not only at the sum's own entry layout, gives a dearer
+    exit in 9 of 400 cases, the first at case 44: a layer at an odd batch size entering
+    its sum padded.)"""
     compared = 0
     for i in range(int(100 * SCALE)):
         what, exact, complete = random_layer_exits(i, 2031, 8, exhaustive=True, max_states=5 * ORACLE_STATES)

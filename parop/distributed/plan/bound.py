@@ -228,10 +228,10 @@ class LowerBound:
             # (not where `regrouping` counts the moves after the sum: `tails`)
             unpads = self.unpads(parent, after, j) if top and k == 0 and not padded and not fixed else None
             found = self._frame_bounds[fr, goal, loose, padded] = (rest, later, ends if k > 0 else None,
-                                                                   k == 0 and last, forked, unpads)
+                                                                   last, forked, unpads)
         rest, later, ends, last, forked, unpads = found
         frame = fr.value[-1]
-        closing = bool(popped) and len(fr.value) == 1 and frame[1] == frame[0].full  # the sum ends the program
+        closing = last and bool(popped)
         if closing and frame[5] in popped:
             return math.inf  # a later term bound for an end popped already (see `popped`)
         if later is not None:
@@ -240,7 +240,7 @@ class LowerBound:
             if later is None:
                 later = known[lay] = self.later(parent, before, lay, goal)
             rest += later
-        ends = goal if last else ends
+        ends = goal if last and ends is None else ends  # the first term of a sum that ends the program
         # in a sum's first term at the top, a padded axis loses its split in this term or after the sum, which
         # nothing else here counts (but the program on from a padded entry, and `tails`: not with them)
         memo = (ends, unpads)
