@@ -689,13 +689,10 @@ def test_the_priced_moves_to_a_known_end_are_a_lower_bound():
 EXIT_CASES = int(40 * SCALE)
 
 
-def random_layer_exits(i: int, seed: int, count: int, exhaustive: bool = False, max_states: int = 200_000):
+def random_layer(i: int, seed: int) -> tuple:
     """A random FNO layer between two others of a chain (batch 1 to 5, width 1 to 3, a
     local kernel or not, its weights pinned at random or not; a random mesh, entry and
-    cost model), drawn from `[seed, i]`, and its first `count` exits (every unpadded
-    layout it can end in, `Search.explore` with `after` and `before`) as the fast or
-    the exhaustive search pops them: `(what, [(cost, layout), ...], complete)`, fewer
-    where the layer has fewer exits, or where the search gives up (not `complete`)."""
+    cost model), drawn from `[seed, i]`: `(what, program, entry layout, mesh, cost, pins)`."""
     rng = np.random.default_rng([seed, i])
     grid = [(8,), (4, 4), (8, 4), (6,)][int(rng.integers(4))]
     batch, width = int(rng.integers(1, 6)), int(rng.integers(1, 4))
@@ -708,6 +705,16 @@ def random_layer_exits(i: int, seed: int, count: int, exhaustive: bool = False, 
     layout = random_layout(rng, op.domain_shape, mesh)
     cost = CostModel(latency_bytes=LATENCIES[int(rng.integers(3))], training=bool(rng.random() < 0.7))
     pins = random_pins(rng, prog, mesh) if rng.random() < 0.4 else {}
+    return f"case {i}: {op} on {op.domain_shape}, mesh {mesh}, from {layout}, pins {pins}, {cost}", prog, layout, mesh, cost, pins
+
+
+def random_layer_exits(i: int, seed: int, count: int, exhaustive: bool = False, max_states: int = 200_000):
+    """A random FNO layer between two others of a chain (`random_layer`) and its first
+    `count` exits (every unpadded layout it can end in, `Search.explore` with `after` and
+    `before`) as the fast or the exhaustive search pops them: `(what, [(cost, layout),
+    ...], complete)`, fewer where the layer has fewer exits, or where the search gives up
+    (not `complete`)."""
+    what, prog, layout, mesh, cost, pins = random_layer(i, seed)
     search = Search(mesh, cost, False, exhaustive=exhaustive, max_states=max_states, pinned=pins)
     ends = search.explore(search.context(prog, prog.shape, prog.dtype.itemsize), [layout], Goal.any(),
                           after=True, before=True)
@@ -722,7 +729,7 @@ def random_layer_exits(i: int, seed: int, count: int, exhaustive: bool = False, 
         complete = False
     finally:
         ends.close()
-    return f"case {i}: {op} on {op.domain_shape}, mesh {mesh}, from {layout}, pins {pins}, {cost}", found, complete
+    return what, found, complete
 
 
 def test_a_layers_exits_come_cheapest_first_each_once():
@@ -760,6 +767,47 @@ def test_a_layers_exits_cost_what_the_exhaustive_search_finds():
         assert len(fast) == len(exact) and all(same_cost(a, b) for (a, _), (b, _) in zip(fast, exact)), (
             f"{what}: fast {fast}, exhaustive {exact}")
     assert compared >= 75 * SCALE, compared
+
+
+def test_a_later_terms_bound_to_an_exit_no_end_popped_is_at_most_its_least_cost():
+    """`LowerBound.departing` with `popped`: a later term of a random FNO layer's sum (its
+    skip `Matrix`, or its local convolution) costs, from the sum's entry layout to an end
+    in neither that layout nor any of a random few of the layouts it can end in, no less
+    than the bound, and exactly it where the term's own search found that end: against
+    the exhaustive search of the term's ends, cheapest first. A layer's search for its
+    exits leans on it once it has popped the exit at its entry layout (the routes that end
+    at a popped exit find nothing new, so the later terms must end elsewhere)."""
+    compared = exact_ones = 0
+    for i in range(int(60 * SCALE)):
+        what, prog, layout, mesh, cost, pins = random_layer(i, 3031)
+        rng = np.random.default_rng([3031, i, 1])
+        fast = Search(mesh, cost, False, pinned=pins)
+        oracle = Search(mesh, cost, False, exhaustive=True, max_states=ORACLE_STATES, pinned=pins)
+        ctx = fast.context(prog, prog.shape, prog.dtype.itemsize)
+        for term in ctx.steps[0].terms[1:]:
+            ends = []  # (time, layout) of the term's ends but at the entry, cheapest first
+            search = oracle.explore(oracle.context(term, ctx.sizes(0), ctx.itemsize(0), True), [layout], Goal.any(),
+                                    before=True, padded=True)
+            try:
+                for c, state, _, _ in search:
+                    if state is not None and state[3].value != layout:
+                        ends.append((c[0], state[3].value))
+                        if len(ends) == 6:
+                            break
+            except PlanningError:
+                continue
+            finally:
+                search.close()
+            if not ends:
+                continue
+            popped = {lay for _, lay in ends[:int(rng.integers(len(ends)))] if rng.random() < 0.7}
+            least = next(c for c, lay in ends if lay not in popped)
+            got = fast.departing(fast.context(term, ctx.sizes(0), ctx.itemsize(0), True), fast.intern(layout),
+                                 {fast.intern(lay) for lay in popped} | {fast.intern(layout)})
+            assert got <= least * (1 + 1e-12) + 1e-9, f"{what}: {term}, beyond {popped}: {got} > {least}"
+            compared += 1
+            exact_ones += math.isclose(got, least, rel_tol=1e-12, abs_tol=1e-9)
+    assert compared >= 20 * SCALE and exact_ones >= compared // 2, (compared, exact_ones)
 
 
 def _regression_cases():

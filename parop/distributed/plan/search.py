@@ -217,6 +217,7 @@ class Search(LowerBound):
         self._frame_bounds: dict = {}
         self._term_bounds: dict = {}
         self._departing: dict = {}
+        self._departures: dict = {}  # (term, entry) -> `Departures`
         self._term_search: Search | None = None  # one for every term's bound: they share its tables
         self._entry_bounds: dict = {}
         self._alone: dict = {}
@@ -245,7 +246,7 @@ class Search(LowerBound):
         of dfno's chain at batch 4 once the bound's tables outlived the search); the states
         expanded are kept."""
         self._expanded = self.expanded
-        for found in (*self._exits.values(), *self._backward_ends.values()):
+        for found in (*self._exits.values(), *self._backward_ends.values(), *self._departures.values()):
             found.ends.close()  # its search's frame refers back to the search
         subs = self._subs
         self._tables(Tables())
