@@ -705,7 +705,8 @@ def random_layer(i: int, seed: int) -> tuple:
     layout = random_layout(rng, op.domain_shape, mesh)
     cost = CostModel(latency_bytes=LATENCIES[int(rng.integers(3))], training=bool(rng.random() < 0.7))
     pins = random_pins(rng, prog, mesh) if rng.random() < 0.4 else {}
-    return f"case {i}: {op} on {op.domain_shape}, mesh {mesh}, from {layout}, pins {pins}, {cost}", prog, layout, mesh, cost, pins
+    what = f"case {i}: {op} on {op.domain_shape}, mesh {mesh}, from {layout}, pins {pins}, {cost}"
+    return what, prog, layout, mesh, cost, pins
 
 
 def random_layer_exits(i: int, seed: int, count: int, exhaustive: bool = False, max_states: int = 200_000):
@@ -773,8 +774,9 @@ def test_a_later_terms_bound_to_an_exit_no_end_popped_is_at_most_its_least_cost(
     """`LowerBound.departing` with `popped`: a later term of a random FNO layer's sum (its
     skip `Matrix`, or its local convolution) costs, from the sum's entry layout to an end
     in neither that layout nor any of a random few of the layouts it can end in, no less
-    than the bound, and exactly it where the term's own search found that end: against
-    the exhaustive search of the term's ends, cheapest first. A layer's search for its
+    than the bound, and exactly it in at least half of the cases (wherever the term's own
+    search reaches that end within its state budget; in all of them here): against the
+    exhaustive search of the term's ends, cheapest first. A layer's search for its
     exits leans on it once it has popped the exit at its entry layout (the routes that end
     at a popped exit find nothing new, so the later terms must end elsewhere)."""
     compared = exact_ones = 0
