@@ -256,18 +256,19 @@ class LowerBound:
             # the sum ends where it started, or every later term leaves that layout
             back, staying, (own, chained), leaving, moves, whole, terms = forked
             later = later or 0.0
-            if closing and frame[4] in popped:  # the sum's exit is no end popped: each later term ends elsewhere
-                leaving = max(leaving, sum(self.departing(term, frame[4], popped) for term in terms))
             staying += max(own + later, chained)
             stay = unpadded
             if not whole and unpads is not None:  # the program on from the padded entry counts its unpadding
                 if not fork:
                     return unpadded + rest
                 stay = self.term_line(ctx, done, lay, ends, None)
+            entry_popped = closing and frame[4] in popped  # the sum ending where it started: an end popped
+            if entry_popped:  # so the sum's exit is no end popped: each later term ends elsewhere
+                leaving = max(leaving, sum(self.departing(term, frame[4], popped) for term in terms))
             leaving += unpadded + later
             if fork and moves is not None:
                 stay, leaving = self.regrouping(ctx, done, lay, unpadded, stay, leaving, *moves)
-            if closing and frame[4] in popped:  # the sum ending where it started: an end popped already
+            if entry_popped:
                 return max(unpadded + rest, leaving)
             if leaving > stay + staying:  # else nothing back to the entry can lower the lesser case
                 stay = max(stay, self.shuttling_to(ctx, done, lay, back))
@@ -1804,21 +1805,18 @@ class Departures:
         return self.least
 
 
-def _least_end(ends: Iterator, states: float = math.inf, accepts: Callable[[tuple], bool] = lambda state: True,
-               enough: float = math.inf) -> float:
-    """The time of the cheapest end that `accepts` in `ends` (an `explore`), or, once it has
-    expanded `states` states or the least key still open is `enough` or more, that key: a
-    lower bound on it (A* with an admissible bound keeps a state of a cheapest route open
-    at a key no more than that route's cost); `math.inf` where there is none, 0 where the
+def _least_end(ends: Iterator, states: float = math.inf, enough: float = math.inf) -> float:
+    """The time of the cheapest end in `ends` (an `explore`), or, once it has expanded
+    `states` states or the least key still open is `enough` or more, that key: a lower
+    bound on it (A* with an admissible bound keeps a state of a cheapest route open at a
+    key no more than that route's cost); `math.inf` where there is none, 0 where the
     search gives up."""
     try:
         for count, (cost, state, _, heap) in enumerate(ends):
-            if state is not None and accepts(state):
+            if state is not None:
                 return cost[0]
             if count == states or enough < math.inf:
-                # an end just popped is searched on from later: it bounds what it leads to
                 least = heap[0][0][0] if heap else math.inf
-                least = least if state is None else min(least, cost[0])
                 if count == states or least >= enough:
                     return least
     except PlanningError:
