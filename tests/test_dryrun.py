@@ -20,7 +20,7 @@ from parop.distributed.hlo import collectives
 from parop.distributed.plan import PlanningError
 from parop.nn import FNO, dry_run, relative_l2
 from parop.nn.dryrun import CHILD, PLAN_KIND, _input_gradient_only, main
-from parop.nn.partition import candidates, ranked
+from parop.nn.partition import candidates, ranked, tiers
 from parop.nn.train import as_real, make_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,6 +135,25 @@ def test_a_network_with_no_plan_points_to_the_partition_search_and_that_to_fewer
         model.distribute(devices=8, batch=2)
     assert "remat" not in str(error.value)
     assert model.distribute(devices=4, batch=2).partition == (2, 1, 1, 2, 1)
+
+
+def test_where_no_partition_of_few_split_axes_plans_the_search_splits_more():
+    """An 8 x 8 grid at batch 2 on 8 devices plans only split (2, 1, 2, 2): each of
+    the six partitions that split one or two axes leaves no room for the mesh axes while
+    an FFT needs its axis whole. The search tries them first (`tiers`), then the one
+    that splits three axes, and chooses it, where it once said that no partition plans.
+    Where none plans in any tier (a 2 x 8 grid), the error names each partition tried."""
+    model = FNO((8, 8), width=2, modes=(2, 2), layers=1, dtype="float64")
+    first, more = tiers(model, 8, 2)
+    assert (2, 1, 2, 2) in more and all(c.cost is None for c in ranked(model, 8, 2))
+    assert [c.partition for c in ranked(model, 8, 2, tier=1)] == more and ranked(model, 8, 2, tier=2) == []
+    assert model.distribute(devices=8, batch=2).partition == (2, 1, 2, 2)
+    small = FNO((2, 8), width=2, modes=(1, 2), layers=1)  # no partition plans, in either tier
+    first, more = tiers(small, 8, 2)
+    assert more == [(2, 1, 2, 2)]
+    with pytest.raises(ValueError, match=r"(?s)tried:\n" + r".*\n".join(re.escape(f"  {p}: no plan exists")
+                                                                      for p in first + more) + r".*Use fewer devices"):
+        small.distribute(devices=8, batch=2)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -12,9 +12,12 @@ down the ranking until one does.
 Candidates: every split of `N` into counts that divide the batch and grid sizes (the
 channel axis stays whole: the lifting needs it), one of each set that only a swap of
 two interchangeable grid axes (same size and modes, the last, real-FFT axis apart)
-tells apart; first those that split the fewest axes, and those that split one axis
-more. Splitting more axes only adds repartitions to every Fourier layer (each split
-axis must leave its FFT's axis and come back), and planning them takes minutes.
+tells apart, searched in tiers: first those that split the fewest axes and those that
+split one axis more, then, only where none of those plans and fits, those that split one
+more axis again, and so on. Splitting more axes adds repartitions to every Fourier layer
+(each split axis must leave its FFT's axis and come back), and planning them takes
+longer; but a small grid on many devices may plan only where every axis takes a share
+(an 8 × 8 grid at batch 2 on 8 devices: only (2, 1, 2, 2)).
 """
 
 from __future__ import annotations
@@ -45,7 +48,11 @@ def candidates(model, devices: int, batch: int) -> list[tuple[int, ...]]:
     """The partitions of `(batch, channel, *grid)` over `devices` the search considers,
     fewest split axes first; under `jax.set_mesh`, those whose counts its mesh's axes
     give (each count above 1 an axis of its own of that size, as `po.distribute` reads a
-    tuple on a given mesh)."""
+    tuple on a given mesh).
+
+    >>> from parop.nn import FNO
+    >>> candidates(FNO((8, 8), width=2, modes=(2, 2), layers=1), 4, 2)
+    [(1, 1, 1, 4), (1, 1, 4, 1), (1, 1, 2, 2), (2, 1, 1, 2), (2, 1, 2, 1)]"""
     sizes = (batch,) + model.grid
     options = [[d for d in divisors(n) if devices % d == 0] for n in sizes]
     twins = _interchangeable(model)
@@ -58,11 +65,28 @@ def candidates(model, devices: int, batch: int) -> list[tuple[int, ...]]:
         if any(grid[i] < grid[j] for i, j in twins):  # one of each set of swaps
             continue
         found.append(partition)
+    return sorted(found, key=lambda p: (_splits(p), p))
+
+
+def _splits(partition: tuple[int, ...]) -> int:
+    return sum(c > 1 for c in partition)
+
+
+def tiers(model, devices: int, batch: int) -> list[list[tuple[int, ...]]]:
+    """`candidates` in the tiers the search tries them: those that split the fewest axes
+    and those that split one more, then one tier per further count of split axes.
+
+    >>> from parop.nn import FNO
+    >>> [len(tier) for tier in tiers(FNO((8, 8), width=2, modes=(2, 2), layers=1), 8, 2)]
+    [6, 1]
+    >>> tiers(FNO((8, 8), width=2, modes=(2, 2), layers=1), 8, 2)[1]
+    [(2, 1, 2, 2)]"""
+    found = candidates(model, devices, batch)
     if not found:
         return []
-    splits = lambda p: sum(c > 1 for c in p)  # noqa: E731
-    fewest = min(splits(p) for p in found)
-    return sorted((p for p in found if splits(p) <= fewest + 1), key=lambda p: (splits(p), p))
+    fewest = _splits(found[0])
+    tier = lambda p: max(_splits(p) - fewest - 1, 0)  # noqa: E731
+    return [[p for p in found if tier(p) == t] for t in sorted({tier(p) for p in found})]
 
 
 def _interchangeable(model) -> list[tuple[int, int]]:
@@ -72,16 +96,18 @@ def _interchangeable(model) -> list[tuple[int, int]]:
     return [(i, j) for i in range(len(g) - 1) for j in range(i + 1, len(g) - 1) if (g[i], m[i]) == (g[j], m[j])]
 
 
-def ranked(model, devices: int, batch: int, cost=None) -> list[Candidate]:
-    """Every candidate with the planned cost of the one-layer copy of `model` on it,
-    cheapest first; those with no plan last, with the planner's reason."""
+def ranked(model, devices: int, batch: int, cost=None, tier: int = 0) -> list[Candidate]:
+    """Every candidate of the `tier`-th of `tiers` (none past the last) with the planned
+    cost of the one-layer copy of `model` on it, cheapest first; those with no plan
+    last, with the planner's reason."""
     from .fno import FNO
 
     copy = FNO(model.grid, width=model.width, modes=model.modes, layers=1, in_channels=model.in_channels,
                out_channels=model.out_channels, projection=model.projection, dtype=model.dtype,
                local_kernel=model.local_kernel)
+    found = tiers(model, devices, batch)
     out = []
-    for partition in candidates(model, devices, batch):
+    for partition in found[tier] if tier < len(found) else []:
         try:
             ops = copy.distribute(partition, cost=cost, batch=batch).operators(batch)
         except ValueError as e:
@@ -93,15 +119,17 @@ def ranked(model, devices: int, batch: int, cost=None) -> list[Candidate]:
 
 
 def choose(model, devices: int, batch: int, memory_limit: float | None = None, cost=None):
-    """`model` distributed over `devices` on the cheapest candidate partition whose
-    training step on `batch` samples plans and (given `memory_limit`, bytes per device)
-    fits; a `ValueError` saying what was tried where none does."""
+    """`model` distributed over `devices` on the cheapest candidate partition of the first
+    of `tiers` where one's training step on `batch` samples plans and (given
+    `memory_limit`, bytes per device) fits; a `ValueError` saying what was tried where
+    none does."""
     from .dryrun import dry_run
 
     where = f"FNO.distribute(devices={devices}, batch={batch}, memory_limit={memory_limit})"
     devices, batch = _check(where, devices, batch, memory_limit)
     tried, too_large = [], False
-    for c in ranked(model, devices, batch, cost):
+    ranking = (c for tier in range(len(tiers(model, devices, batch))) for c in ranked(model, devices, batch, cost, tier))
+    for c in ranking:
         if c.cost is None:
             tried.append(f"{c.partition}: {c.error}")
             continue
