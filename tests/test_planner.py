@@ -757,7 +757,12 @@ def test_a_layers_exits_cost_what_the_exhaustive_search_finds():
     finish within its state budget are not counted; most are. (Dropping that case
     wherever any exit was popped, not only at the sum's own entry layout, gives a dearer
     exit in 9 of 400 cases, the first at case 44: a layer at an odd batch size entering
-    its sum padded.)"""
+    its sum padded.)
+
+    And each exit costs at least what `LowerBound.leaving` bounds before the chain's
+    search of the exits starts (the layer follows another: `after`): the lesser of
+    `apart` and, for the exit at the entry layout, `staying`, for each other the entry's
+    exit plus `moved` (`apart` alone where the entry's exit comes later or not at all)."""
     compared = 0
     for i in range(int(100 * SCALE)):
         what, exact, complete = random_layer_exits(i, 2031, 8, exhaustive=True, max_states=5 * ORACLE_STATES)
@@ -767,6 +772,18 @@ def test_a_layers_exits_cost_what_the_exhaustive_search_finds():
         _, fast, _ = random_layer_exits(i, 2031, 8)
         assert len(fast) == len(exact) and all(same_cost(a, b) for (a, _), (b, _) in zip(fast, exact)), (
             f"{what}: fast {fast}, exhaustive {exact}")
+        _, prog, layout, mesh, cost, pins = random_layer(i, 2031)
+        search = Search(mesh, cost, False, pinned=pins)
+        staying, moved, apart = search.leaving(search.context(prog, prog.shape, prog.dtype.itemsize),
+                                               search.intern(layout), after=True)
+        stay = None
+        for c, lay in exact:
+            if lay == layout:
+                stay, least = c[0], min(staying, apart)
+            else:
+                least = apart if stay is None else min(stay + moved, apart)
+            assert c[0] >= least * (1 - 1e-12), f"{what}: exit {lay} at {c[0]}, (staying, moved, apart) " \
+                                               f"{(staying, moved, apart)}"
     assert compared >= 75 * SCALE, compared
 
 

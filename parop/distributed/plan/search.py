@@ -557,7 +557,7 @@ class Search(LowerBound):
                     # every search of a kind runs on one program: each learns from the others
                     c = firsts.setdefault((kinds[(i, moved)], moved), i)
                     one_sum = i < n - 1 and len(contexts[c].steps) == 1 and contexts[c].steps[0].terms
-                    leaving = (lambda: search.leaving(contexts[c], renamed)) if one_sum else None
+                    leaving = (lambda: search.leaving(contexts[c], renamed, i > 0)) if one_sum else None
                     found = self._exits[key] = Exits(progs[c], search.explore(contexts[c], [renamed.value], ends,
                                                                                *key[3:]), renamed, leaving)
                 mine = searched[(i, lay)] = (found, names)
