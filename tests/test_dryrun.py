@@ -156,6 +156,19 @@ def test_where_no_partition_of_few_split_axes_plans_the_search_splits_more():
         small.distribute(devices=8, batch=2)
 
 
+def test_under_a_context_mesh_whose_axes_give_no_split_the_search_says_so():
+    """Under `jax.set_mesh`, a partition's counts are its mesh's axes: where none of the
+    splits of `devices` fits them, the error says that, not that the count divides no
+    axis (4 devices split an 8 x 8 grid at batch 2 well enough without the mesh)."""
+    model = FNO((8, 8), width=2, modes=(2, 2), layers=1)
+    assert model.distribute(devices=4, batch=2).partition == (2, 1, 2, 1)
+    with jax.set_mesh(jax.make_mesh((8,), ("x",))), pytest.raises(
+            ValueError, match=r"(?s)over 4 devices plans and fits; tried:\n  \(no split .* each count above 1 a mesh "
+                              r"axis of that size\)\nUnder jax.set_mesh of \{'x': 8\}, each split takes a mesh axis of "
+                              r"its size: ask for a product of those sizes \(devices=8, say\)"):
+        model.distribute(devices=4, batch=2)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--partition", "0", "1", "2", "1"], r"FNO.distribute: partition entry 0 must be a positive int, got 0"),
     (["--partition", "1", "1", "2"], r"FNO.distribute: the partition splits the axes of \(batch, channel, \*grid\): "

@@ -44,11 +44,11 @@ class Candidate:
     error: str | None = None
 
 
-def candidates(model, devices: int, batch: int) -> list[tuple[int, ...]]:
+def candidates(model, devices: int, batch: int, on_mesh: bool = True) -> list[tuple[int, ...]]:
     """The partitions of `(batch, channel, *grid)` over `devices` the search considers,
-    fewest split axes first; under `jax.set_mesh`, those whose counts its mesh's axes
-    give (each count above 1 an axis of its own of that size, as `po.distribute` reads a
-    tuple on a given mesh).
+    fewest split axes first; under `jax.set_mesh` (unless not `on_mesh`), those whose
+    counts its mesh's axes give (each count above 1 an axis of its own of that size, as
+    `po.distribute` reads a tuple on a given mesh).
 
     >>> from parop.nn import FNO
     >>> candidates(FNO((8, 8), width=2, modes=(2, 2), layers=1), 4, 2)
@@ -56,7 +56,7 @@ def candidates(model, devices: int, batch: int) -> list[tuple[int, ...]]:
     sizes = (batch,) + model.grid
     options = [[d for d in divisors(n) if devices % d == 0] for n in sizes]
     twins = _interchangeable(model)
-    mesh = context_mesh()
+    mesh = context_mesh() if on_mesh else None
     found = []
     for counts in product(*options):
         grid, partition = counts[1:], (counts[0], 1) + counts[1:]
@@ -145,10 +145,15 @@ def choose(model, devices: int, batch: int, memory_limit: float | None = None, c
             return dist
         tried.append(f"{c.partition}: {need / 1e9:.3g} GB per device")
         too_large = True
-    shown = "\n  ".join(tried) if tried else "(no split of the batch and grid axes over that many devices)"
+    mesh = context_mesh()
+    shown = "\n  ".join(tried) if tried else "(no split of the batch and grid axes over that many devices" + (
+        ", each count above 1 a mesh axis of that size)" if mesh is not None else ")")
     fits = "" if memory_limit is None else f" in {memory_limit / 1e9:.3g} GB per device"
     advice = ("Use more devices, a smaller batch, or FNO(..., remat=True) to save memory" if too_large
               else "Use fewer devices: none of these splits plans" if tried
+              else (f"Under jax.set_mesh of {dict(mesh.shape)}, each split takes a mesh axis of its size: ask for a "
+                 f"product of those sizes (devices={mesh.size}, say)")
+              if mesh is not None and candidates(model, devices, batch, on_mesh=False)
               else "Use a device count that is a product of divisors of the batch and grid sizes")
     raise ValueError(f"{where}: no partition of (batch, channel, *grid) = {(batch, model.in_channels) + model.grid} "
                      f"over {devices} devices plans and fits{fits}; tried:\n  {shown}\n{advice}")
