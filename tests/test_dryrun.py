@@ -142,12 +142,16 @@ def test_where_no_partition_of_few_split_axes_plans_the_search_splits_more():
     the six partitions that split one or two axes leaves no room for the mesh axes while
     an FFT needs its axis whole. The search tries them first (`tiers`), then the one
     that splits three axes, and chooses it, where it once said that no partition plans.
-    Where none plans in any tier (a 2 x 8 grid), the error names each partition tried."""
+    Where some partition of a tier plans but none fits the memory limit, it stops there;
+    where none plans in any tier (a 2 x 8 grid), the error names each partition tried."""
     model = FNO((8, 8), width=2, modes=(2, 2), layers=1, dtype="float64")
     first, more = tiers(model, 8, 2)
     assert (2, 1, 2, 2) in more and all(c.cost is None for c in ranked(model, 8, 2))
     assert [c.partition for c in ranked(model, 8, 2, tier=1)] == more and ranked(model, 8, 2, tier=2) == []
     assert model.distribute(devices=8, batch=2).partition == (2, 1, 2, 2)
+    with pytest.raises(ValueError, match="1e-09 GB per device") as error:  # more splits hold no less data a device
+        FNO((16, 16), width=2, modes=(4, 4), layers=1).distribute(devices=8, batch=2, memory_limit=1)
+    assert "(2, 1, 2, 2)" not in str(error.value)
     small = FNO((2, 8), width=2, modes=(1, 2), layers=1)  # no partition plans, in either tier
     first, more = tiers(small, 8, 2)
     assert more == [(2, 1, 2, 2)]

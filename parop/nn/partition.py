@@ -13,8 +13,8 @@ Candidates: every split of `N` into counts that divide the batch and grid sizes 
 channel axis stays whole: the lifting needs it), one of each set that only a swap of
 two interchangeable grid axes (same size and modes, the last, real-FFT axis apart)
 tells apart, searched in tiers: first those that split the fewest axes and those that
-split one axis more, then, only where none of those plans and fits, those that split one
-more axis again, and so on. Splitting more axes adds repartitions to every Fourier layer
+split one axis more, then, only where none of those plans, those that split one more
+axis again, and so on. Splitting more axes adds repartitions to every Fourier layer
 (each split axis must leave its FFT's axis and come back), and planning them takes
 longer; but a small grid on many devices may plan only where every axis takes a share
 (an 8 × 8 grid at batch 2 on 8 devices: only (2, 1, 2, 2)).
@@ -119,16 +119,18 @@ def ranked(model, devices: int, batch: int, cost=None, tier: int = 0) -> list[Ca
 
 
 def choose(model, devices: int, batch: int, memory_limit: float | None = None, cost=None):
-    """`model` distributed over `devices` on the cheapest candidate partition of the first
-    of `tiers` where one's training step on `batch` samples plans and (given
-    `memory_limit`, bytes per device) fits; a `ValueError` saying what was tried where
-    none does."""
+    """`model` distributed over `devices` on the cheapest candidate partition whose
+    training step on `batch` samples plans and (given `memory_limit`, bytes per device)
+    fits, from the first of `tiers` where one plans (splitting more axes does not make
+    the activations on a device fewer); a `ValueError` saying what was tried where none
+    does."""
     from .dryrun import dry_run
 
     where = f"FNO.distribute(devices={devices}, batch={batch}, memory_limit={memory_limit})"
     devices, batch = _check(where, devices, batch, memory_limit)
     tried, too_large = [], False
-    ranking = (c for tier in range(len(tiers(model, devices, batch))) for c in ranked(model, devices, batch, cost, tier))
+    ranking = (c for tier in range(len(tiers(model, devices, batch))) if not too_large
+               for c in ranked(model, devices, batch, cost, tier))
     for c in ranking:
         if c.cost is None:
             tried.append(f"{c.partition}: {c.error}")
