@@ -383,3 +383,16 @@ def test_the_dense_matrix_of_a_large_operator_is_refused_with_its_size():
             po.to_dense(po.DFT(4), max_bytes=bad)
     with pytest.raises(TypeError, match=r"^to_dense takes a parop operator, got ndarray"):
         po.to_dense(np.eye(4))
+
+
+def test_every_weight_sharded_with_no_tensor_parallel_form_says_why():
+    """`shard_weights=True` where the only mesh axis big enough for the `Matrix`'s rows
+    already splits the other axis and its columns (3) take no split of 2: no plan, and
+    the error names the `Matrix`, its two forms and `shard_weights='auto'` (which keeps
+    the weight whole and plans)."""
+    op = po.kron(po.Matrix(8, 3, "float64", name="w"), po.Identity(8, "float64"))
+    assert po.distribute(op, (1, 2)).plan.weight_placements == {"w": P(None, None)}
+    with pytest.raises(ValueError, match=r"no plan exists .*: with shard_weights=True Matrix\(8×3 'w'\) must run "
+                                         r"column-parallel .* or row-parallel .*; shard_weights='auto' may keep a "
+                                         r"weight whole"):
+        po.distribute(op, (1, 2), shard_weights=True)

@@ -126,7 +126,7 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
     cost, `with_cost`); a `ValueError` that says why where there are none."""
     crowded = no_room(prog, in_layout, mesh_shape, shard_weights)
     if crowded is not None:  # proved at once: the search could run out of states first
-        raise _no_plan(PlanningError("no plan exists"), prog, in_layout, mesh_shape, where, crowded)
+        raise _no_plan(PlanningError("no plan exists"), prog, in_layout, mesh_shape, where, shard_weights, crowded)
     search = Search(mesh_shape, cost, shard_weights, pinned=pinned)
     try:
         price, actions = search.run(prog, in_layout, goal)
@@ -149,7 +149,7 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
             except ValueError:
                 continue
         if not plans:
-            raise _no_plan(PlanningError("no plan exists"), prog, in_layout, mesh_shape, where)
+            raise _no_plan(PlanningError("no plan exists"), prog, in_layout, mesh_shape, where, shard_weights)
         price, actions, _ = min(plans, key=lambda p: p[0])
         expanded += sum(p[2] for p in plans)
     return (price, actions, expanded) if with_cost else (actions, expanded)
@@ -164,25 +164,26 @@ def _dealing_route(error: PlanningError, prog: Program, in_layout: Layout, mesh_
     `Permute` moves (Dijkstra's: the lower bound does not know them). Otherwise, or if
     that finds none, the `ValueError` saying why."""
     if error.gave_up or goal is Goal.any():
-        raise _no_plan(error, prog, in_layout, mesh_shape, where) from None
+        raise _no_plan(error, prog, in_layout, mesh_shape, where, shard_weights) from None
     anywhere = Search(mesh_shape, cost, shard_weights, pinned=pinned)
     try:
         anywhere.run(prog, in_layout, Goal.any())
     except PlanningError:
-        raise _no_plan(error, prog, in_layout, mesh_shape, where) from None
+        raise _no_plan(error, prog, in_layout, mesh_shape, where, shard_weights) from None
     dealing = Search(mesh_shape, cost, shard_weights, pinned=pinned, permutes=True)
     try:
         price, actions = dealing.run(prog, in_layout, goal)
     except PlanningError as e:
-        raise _no_plan(e if e.gave_up else error, prog, in_layout, mesh_shape, where) from None
+        raise _no_plan(e if e.gave_up else error, prog, in_layout, mesh_shape, where, shard_weights) from None
     return price, actions, expanded + anywhere.expanded + dealing.expanded
 
 
 def _no_plan(error: PlanningError, prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int],
-             where: str, crowded: NoRoom | None = None) -> PlanningError:
+             where: str, shard_weights: bool | str = "auto", crowded: NoRoom | None = None) -> PlanningError:
     """The `ValueError` for a search that found nothing (`error`), or for a program whose
     mesh axes fit no step (`crowded`), saying why where it can (a search that gave up:
-    what to do, for an operator or for a network's chain)."""
+    what to do, for an operator or for a network's chain; `shard_weights=True`: that
+    every dense `Matrix` must then run tensor-parallel)."""
     if error.gave_up:
         if any(step.barrier for step in prog.steps):
             advice = ("the network is too large to plan as a whole; split fewer axes, or distribute its "
@@ -202,6 +203,11 @@ def _no_plan(error: PlanningError, prog: Program, in_layout: Layout, mesh_shape:
     reasons = [f"{', '.join(needs)} must be whole for an operator, so its split must move to another axis that "
                "can hold it"] if needs else []
     reasons += halos + ([str(crowded)] if crowded is not None else [])
+    dense = sorted({repr(s.leaf.leaf) for s in prog.all_steps() if s.dense})
+    if not isinstance(shard_weights, str) and shard_weights and dense:
+        reasons.append(f"with shard_weights=True {', '.join(dense)} must run column-parallel (a mesh axis free to "
+                       "split its rows) or row-parallel (its input split over its columns); shard_weights='auto' "
+                       "may keep a weight whole")
     return PlanningError(
         f"{where}: no plan exists for input shape {prog.shape} split as {spec_of(in_layout)} on mesh "
         f"{dict(mesh_shape)}" + "".join(f"{': ' if k == 0 else '; '}{r}" for k, r in enumerate(reasons))
