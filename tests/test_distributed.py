@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
 import parop as po
 from parop.distributed.hlo import _instructions, collectives as hlo_collectives
@@ -536,8 +536,9 @@ def test_a_mesh_shape_in_context_is_planned_on_and_runs_on_devices_of_that_shape
     many devices the machine has (it made a mesh of its own: "16 devices asked for, 8
     available"), the plan that `mesh=shape` gives; the partition search too. Such an
     operator runs under a `jax.set_mesh` of devices of its shape (eagerly or jitted, as
-    the serial operator), and elsewhere `apply`, `FNO.init` and `dry_run` are ValueErrors
-    saying so (they were JAX's errors about lowering platforms)."""
+    the serial operator, its input committed there or not), and elsewhere `apply`,
+    `FNO.init` and `dry_run` are ValueErrors saying so, with the shapes and axis types
+    (they were JAX's errors about lowering platforms)."""
     shape = AbstractMesh((4, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
     F = po.kron(po.DFT(8, "complex128"), po.DFT(16, "complex128"), po.Identity(4, "complex128"))
     with jax.sharding.use_abstract_mesh(shape):
@@ -553,14 +554,22 @@ def test_a_mesh_shape_in_context_is_planned_on_and_runs_on_devices_of_that_shape
                           mesh=AbstractMesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2))
     x = jnp.asarray(random_array(np.random.default_rng(10), (8, 8), np.complex128))
     want = np.fft.fft2(np.asarray(x))
-    with jax.set_mesh(jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)):
-        for got in (small @ x, jax.jit(lambda x: small @ x)(x)):
+    devices = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    with jax.set_mesh(devices):
+        # input committed to the context's devices, or made there from NumPy, eagerly (they were JAX's error
+        # "is_fully_addressable is not implemented for AbstractMesh")
+        committed = jax.device_put(x, NamedSharding(devices, P("b", None)))
+        for got in (small @ x, jax.jit(lambda x: small @ x)(x), small @ committed, small @ np.asarray(x)):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
     for where in (jax.set_mesh(jax.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)),
                   jax.sharding.use_abstract_mesh(small.mesh), contextlib.nullcontext()):
         with where, pytest.raises(ValueError, match=r"planned on an AbstractMesh \(a mesh shape\), which runs only "
                                                     r"under a jax.set_mesh of devices of that shape"):
             small @ x
+    with jax.set_mesh(jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)), pytest.raises(
+            ValueError, match=r"of that shape and those axis types \(\{'a': 2, 'b': 4\}, Auto axes; the context's: "
+                              r"\{'a': 2, 'b': 4\}, Explicit axes\)"):
+        small @ x
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])

@@ -430,13 +430,18 @@ class DistributedOperator(Operator):
     def _onto_mesh(self, value, sharding):
         """`value` itself where `jit` can take it with this mesh's arrays (uncommitted,
         already on the mesh, or a tracer); else moved to `sharding()` first (an array
-        committed to other devices or another mesh)."""
+        committed to other devices or another mesh). Planned on a mesh shape, the mesh is
+        the context's, of devices (`_check_runs_here`)."""
         if not isinstance(value, jax.Array) or isinstance(value, jax.core.Tracer) or not value.committed:
             return value
+        mesh = self.mesh
+        if isinstance(mesh, AbstractMesh):
+            self._check_runs_here()
+            mesh = jax.sharding.get_mesh()
         placed = value.sharding
-        if isinstance(placed, NamedSharding) and placed.mesh == self.mesh:
+        if isinstance(placed, NamedSharding) and placed.mesh == mesh:
             return value
-        return jax.device_put(value, sharding())
+        return jax.device_put(value, NamedSharding(mesh, sharding().spec))
 
     def _check_runs_here(self) -> None:
         """A `ValueError` where this operator cannot run: under a `jax.set_mesh` of another
@@ -453,8 +458,10 @@ class DistributedOperator(Operator):
             shape = lambda m: (m.shape_tuple, m.axis_types)  # noqa: E731 (a user's shape has no device kind)
             if context.empty or shape(context) != shape(self.mesh) or not devices:
                 raise ValueError(f"{self.request.where}: planned on an AbstractMesh (a mesh shape), which runs only "
-                                 "under a jax.set_mesh of devices of that shape: distribute it on a "
-                                 "jax.sharding.Mesh of devices to run it elsewhere")
+                                 f"under a jax.set_mesh of devices of that shape and those axis types "
+                                 f"({_shape_text(self.mesh)}" + ("" if context.empty else
+                                                                 f"; the context's: {_shape_text(context)}") +
+                                 "): distribute it on a jax.sharding.Mesh of devices to run it elsewhere")
         elif not context.empty and context != self.mesh.abstract_mesh:
             raise ValueError(
                 f"{self.request.where}: distributed on the mesh {describe_mesh(self.mesh)}, applied under "
@@ -495,6 +502,11 @@ class DistributedOperator(Operator):
         if x.shape[:self.ndim] == self.domain_shape:
             return sharding(self.mesh, self.plan_for(x.shape[self.ndim:]).in_layout)
         return NamedSharding(self.mesh, PartitionSpec())
+
+
+def _shape_text(mesh) -> str:
+    """A mesh's shape and axis types: `{'d0': 2, 'd1': 2}, Auto axes`."""
+    return f"{dict(mesh.shape)}, {'/'.join(sorted({t.name for t in mesh.axis_types}))} axes"
 
 
 def _call(D: DistributedOperator, θ, x, scalars):
