@@ -192,6 +192,23 @@ def test_the_command_line_names_bad_arguments(args, message, monkeypatch, capsys
     assert exit_.value.code == 2 and re.search(message, err) and "distribute_chain(" not in err, err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--partition", "1", "a", "1", "1"], r"sizes must be ints: invalid literal for int\(\) with base 10: 'a'"),
+    (["--partition", "99999", "1", "1", "1"], r"--partition: input axis 0 of size 1 cannot be split in 99999"),
+    (["--partition", "1", "1", "2"], r"--partition splits the axes of \(batch, channel, \*grid\): 4 entries"),
+])
+def test_the_command_line_checks_the_partition_before_it_starts_again_on_its_devices(args, message, monkeypatch,
+                                                                                      capsys):
+    """The command starts again in a process of as many forced devices as the partition
+    asks for: a count that is not an int, or that no axis takes, is the one line of a
+    usage error before that (it was a traceback, or minutes making 99999 devices)."""
+    monkeypatch.delenv(CHILD, raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--grid", "16", "16", "--modes", "4", "4", "--layers", "1", "--batch", "1", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and re.search(message, err) and "Traceback" not in err, err
+
+
 def test_the_command_line_prints_json():
     env = child_env("JAX_ENABLE_X64")
     proc = subprocess.run(

@@ -29,6 +29,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..distributed.hlo import collectives
+from ..distributed.operator import check_split_counts
 from ..distributed.plan.cost import KINDS
 from .._checks import positive_int
 from .fno import FNO
@@ -236,6 +237,23 @@ def _device_count(args) -> int:
     return args.devices or 1
 
 
+def _check_sizes(args) -> None:
+    """A `ValueError` for a size that is not an int, or a `--partition` whose counts its
+    axes do not take, said before the command starts again on as many devices (it would
+    first make them: 99999 of them for a count of 99999)."""
+    try:
+        grid, _ = _ints(args.grid), _ints(args.modes)
+        partition = _ints(args.partition) if args.partition else None
+    except ValueError as error:
+        raise ValueError(f"sizes must be ints: {error}") from None
+    if partition is not None:
+        shape = (args.batch, 1 + len(grid), *grid)  # the lifting's input: 1 channel and the grid coordinates
+        if len(partition) != len(shape):
+            raise ValueError(f"--partition splits the axes of (batch, channel, *grid): {len(shape)} entries for grid "
+                             f"{grid}, got {partition}")
+        check_split_counts(shape, partition, "--partition")
+
+
 def _restart_with_devices(n: int, argv: list[str]) -> None:
     """Run this command again in a fresh process with `n` forced CPU host devices (JAX
     reads `XLA_FLAGS` once, when it starts)."""
@@ -297,6 +315,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.memory_limit is not None and not args.devices:
         parser().error("--memory-limit needs --devices")
     if os.environ.get(CHILD) != "1":
+        try:
+            _check_sizes(args)
+        except ValueError as error:
+            parser().error(str(error))
         _restart_with_devices(_device_count(args), argv)
     try:
         report = _report(args)
