@@ -100,14 +100,19 @@ def ranked(model, devices: int, batch: int, cost=None, tier: int = 0) -> list[Ca
     """Every candidate of the `tier`-th of `tiers` (none past the last) with the planned
     cost of the one-layer copy of `model` on it, cheapest first; those with no plan
     last, with the planner's reason."""
+    found = tiers(model, devices, batch)
+    return _ranked(model, found[tier] if tier < len(found) else [], batch, cost)
+
+
+def _ranked(model, partitions: list[tuple[int, ...]], batch: int, cost=None) -> list[Candidate]:
+    """`ranked` for the candidates `partitions`."""
     from .fno import FNO
 
     copy = FNO(model.grid, width=model.width, modes=model.modes, layers=1, in_channels=model.in_channels,
                out_channels=model.out_channels, projection=model.projection, dtype=model.dtype,
                local_kernel=model.local_kernel)
-    found = tiers(model, devices, batch)
     out = []
-    for partition in found[tier] if tier < len(found) else []:
+    for partition in partitions:
         try:
             ops = copy.distribute(partition, cost=cost, batch=batch).operators(batch)
         except ValueError as e:
@@ -129,8 +134,8 @@ def choose(model, devices: int, batch: int, memory_limit: float | None = None, c
     where = f"FNO.distribute(devices={devices}, batch={batch}, memory_limit={memory_limit})"
     devices, batch = _check(where, devices, batch, memory_limit)
     tried, too_large = [], False
-    ranking = (c for tier in range(len(tiers(model, devices, batch))) if not too_large
-               for c in ranked(model, devices, batch, cost, tier))
+    ranking = (c for partitions in tiers(model, devices, batch) if not too_large
+               for c in _ranked(model, partitions, batch, cost))
     for c in ranking:
         if c.cost is None:
             tried.append(f"{c.partition}: {c.error}")
@@ -154,7 +159,7 @@ def choose(model, devices: int, batch: int, memory_limit: float | None = None, c
     advice = ("Use more devices, a smaller batch, or FNO(..., remat=True) to save memory" if too_large
               else "Use fewer devices: none of these splits plans" if tried
               else (f"Under jax.set_mesh of {dict(mesh.shape)}, each split takes a mesh axis of its size: ask for a "
-                 f"product of those sizes (devices={mesh.size}, say)")
+                    f"product of those sizes (devices={mesh.size}, say)")
               if mesh is not None and candidates(model, devices, batch, on_mesh=False)
               else "Use a device count that is a product of divisors of the batch and grid sizes")
     raise ValueError(f"{where}: no partition of (batch, channel, *grid) = {(batch, model.in_channels) + model.grid} "
