@@ -678,12 +678,64 @@ class LowerBound:
         allowed), and `apart` adds these up: for the term with the fewest steps (a
         weight's term: mostly moves of the whole tensor) a search of its own, stopped
         after `LEAVING_STATES` states at the least key still open (no end not popped
-        costs less), `line` for the others."""
+        costs less), `line` for the others; or, where more, by what the exit keeps of
+        `lay` (`keeping`)."""
         terms = [self.context(t, ctx.sizes(0), ctx.itemsize(0), True) for t in ctx.steps[0].terms]
         searched = min(terms, key=lambda t: len(t.steps))
-        apart = sum(self.departing(t, lay) if t is searched else self.line(t, 0, lay, None) for t in terms)
+        least = [self.departing(t, lay) if t is searched else self.line(t, 0, lay, None) for t in terms]
+        apart = max(sum(least), self.keeping(lay, terms, least))
         staying = sum(self.line(t, 0, lay, self.exit_goal(lay)) for t in terms)
         return staying, self.least_move(ctx, ctx.full, lay), min(apart, self.least_move(ctx, 0, lay, padded=after))
+
+    def keeping(self, lay: Interned, terms: list, least: list[float]) -> float:
+        """A lower bound on a sum's `terms` (contexts), each run from `lay` to one exit
+        `X` other than `lay`, each at least its `least`: the least over what `X` can keep
+        of `lay`.
+
+        `X` keeps some of `lay`'s pairs (`adjacencies`: each mesh axis with what comes
+        right before it), a set `S`, and starts each tensor axis with the mesh axes
+        those pairs chain there (`kept_goal`), so each term costs at least its `line`
+        to that goal. Where no mesh axis can come or go (`keeps_mesh_axes`), `X` differs
+        from `lay` in the pairs of the mesh axes outside `S`, and every move makes at
+        most one new pair, moving its mesh axis (see `regrouping`): each term then makes
+        a move per such mesh axis, one that moves that axis, at least an `all_to_all`
+        of its tensor at its least bytes over that axis's devices. (Elsewhere `X` may
+        also keep every pair and gain a mesh axis.) In the 16 × 32 × 32 × 8 chain at
+        batch 32, a layer from the input's layout (each grid axis split) ends elsewhere
+        at no less than 25.2 M, where the terms' least said 19.1 M: the spectral term
+        must bring back the splits `X` keeps after its inverse DFTs, and the skip
+        `Matrix` must move the ones `X` does not keep, at the whole tensor's bytes."""
+        pairs = tuple(self.adjacencies(lay))
+        if not pairs:
+            return 0.0
+        closed = self.keeps_mesh_axes(lay, terms)
+        best = math.inf
+        for count in range(len(pairs) + (0 if closed else 1)):
+            for kept in itertools.combinations(pairs, count):
+                goal = self.kept_goal(lay, frozenset(kept))
+                moved = [self.mesh_sizes[m] for _, m in set(pairs) - set(kept)] if closed else []
+                best = min(best, sum(max(low, self.line(t, 0, lay, goal),
+                                         sum(self.all_to_all_price(t.least_bytes(0), size) for size in moved))
+                                     for t, low in zip(terms, least)))
+        return best
+
+    def kept_goal(self, lay: Interned, kept: frozenset) -> Goal:
+        """The goal of the layouts that have the pairs `kept` of `lay` (`adjacencies`):
+        each tensor axis starts with the mesh axes those pairs chain on it (memoised)."""
+        key = (lay, kept)
+        found = self._kept_goals.get(key)
+        if found is None:
+            prefixes = []
+            for a, axes in enumerate(lay.value):
+                chained, before = [], a
+                for m in axes:
+                    if (before, m) not in kept:
+                        break
+                    chained.append(m)
+                    before = m
+                prefixes.append(tuple(chained))
+            found = self._kept_goals[key] = Goal(prefixes=tuple(prefixes))
+        return found
 
     def departing(self, term: Context, lay: Interned, popped: set | frozenset = frozenset()) -> float:
         """A lower bound on a sum's term from the sum's entry layout `lay` to an end in
@@ -1001,22 +1053,24 @@ class LowerBound:
         return found
 
     def fixed(self, entry: Interned, terms: list) -> bool:
+        """Whether `regrouping` counts the moves of a sum's `terms` (contexts) run from
+        `entry`: no mesh axis can come or go (`keeps_mesh_axes`), and every weight of
+        the terms is pinned (a network planned again at another batch size): a bound,
+        however exact, changes which of equally cheap routes the search finds first, and
+        where a weight is free, the placement the plan picks among equally cheap ones is
+        what the other batch sizes are pinned to, and what they cost."""
+        return self.keeps_mesh_axes(entry, terms) and all(self.pins_every_weight(term.prog) for term in terms)
+
+    def keeps_mesh_axes(self, entry: Interned, terms: list) -> bool:
         """Whether no mesh axis can come or go in a sum's `terms` (contexts) run from
         `entry`: every mesh axis of more than one device splits `entry` (so none is free
         for a split or a column-parallel `Matrix`), `entry` names no other, and no term
         holds a step that can sum a split away (a `Reduce`, a row-parallel `Matrix`) or a
-        sum. Then every move in the terms is an `all_to_all` (see `regrouping`).
-
-        Only where every weight of the terms is pinned (a network planned again at
-        another batch size): a bound, however exact, changes which of equally cheap
-        routes the search finds first, and where a weight is free, the placement the
-        plan picks among equally cheap ones is what the other batch sizes are pinned to,
-        and what they cost."""
+        sum. Then every move in the terms is an `all_to_all` (see `regrouping`)."""
         names = [m for axes in entry.value for m in axes]
         return (bool(self.mesh_used)  # on one device nothing moves: nothing to count
                 and sorted(self.mesh_sizes[m] for m in names) == sorted(self.mesh_used)
-                and not any(term.psum_steps | term.sums for term in terms)
-                and all(self.pins_every_weight(term.prog) for term in terms))
+                and not any(term.psum_steps | term.sums for term in terms))
 
     def pins_every_weight(self, prog: Program) -> bool:
         """Whether every weight of `prog` is pinned (a network planned again at another

@@ -225,6 +225,7 @@ class Search(LowerBound):
         self._onward: dict = {}
         self._tails: dict = {}
         self._exit_goals: dict = {}
+        self._kept_goals: dict = {}  # (layout, the pairs kept) -> `kept_goal`
         self._exits: dict = {}
         self._rests: dict = {}
         self._boundaries: dict = {}
