@@ -106,6 +106,49 @@ def test_a_network_of_one_layer_planned_again_is_the_serial_network(local_kernel
         np.testing.assert_allclose(np.asarray(dgrads[name]), g, rtol=1e-9, atol=1e-11 * np.abs(g).max(), err_msg=name)
 
 
+@pytest.mark.parametrize("partition, batches", [((1, 1, 2, 4), (1, 2, 4)), ((2, 1, 2, 2), (2, 4))])
+def test_a_batch_the_reference_placements_cannot_plan_runs_filled_up_to_the_reference(partition, batches):
+    """Planned at 8 samples on 8 devices, every weight whole: 1 - 4 samples have no plan
+    that keeps them so (`operators` says why), and `apply` runs them at 8, each device's
+    block of the batch axis filled up with zero samples whose outputs are dropped. In
+    float64 the outputs, loss and gradients equal the serial model's; the compiled
+    program's collectives are the reference's (the filling moves nothing, the batch axis
+    split or not), and `dry_run` measures that program."""
+    from parop.nn import dry_run
+    from parop.nn.dryrun import PLAN_KIND
+
+    model = FNO((16, 16), width=2, modes=(4, 4), layers=1, projection=4, dtype=jnp.float64)
+    dist = model.distribute(partition, batch=8)
+    assert not any(any(spec) for spec in dist.weights.values())
+    θ = model.init(jax.random.key(0))
+    θd = dist.init(jax.random.key(0))
+    loss = lambda m, a, u: jax.jit(jax.value_and_grad(lambda θ: relative_l2(m.apply(θ, a), u)))  # noqa: E731
+
+    def kinds(b):
+        a = jax.ShapeDtypeStruct((b, 1, 16, 16), jnp.float64, sharding=dist.in_sharding)
+        text = jax.jit(dist.apply).lower(θd, a).compile().as_text()
+        return {kind: text.count(f" {kind}(") + text.count(f" {kind}-start(") for kind in PLAN_KIND}
+
+    reference = kinds(8)
+    assert reference["all-to-all"] > 0  # the plan moves the mesh axes onto the batch axis and back
+    for b in batches:
+        with pytest.raises(ValueError, match=f"a batch of {b} samples cannot be planned"):
+            dist.operators(b)
+        assert dist.runs_at(b) == 8
+        a, u = (x.astype(jnp.float64) for x in inputs(model, b, seed=b))
+        out = jax.jit(dist.apply)(θd, jax.device_put(a, dist.in_sharding))
+        assert out.shape == (b, 1, 16, 16) and out.sharding.spec == dist.in_sharding.spec
+        np.testing.assert_allclose(np.asarray(out), np.asarray(model.apply(θ, a)), rtol=1e-12, atol=1e-13)
+        (value, grads), (dvalue, dgrads) = loss(model, a, u)(θ), loss(dist, a, u)(θd)
+        np.testing.assert_allclose(float(dvalue), float(value), rtol=1e-12)
+        for name in grads:
+            g = np.asarray(grads[name])
+            np.testing.assert_allclose(np.asarray(dgrads[name]), g, rtol=1e-9, atol=1e-11 * np.abs(g).max())
+        assert kinds(b) == reference
+    report, full = dry_run(dist, batches[0]), dry_run(dist, 8)
+    assert report["planned"] == full["planned"] and report["collectives"] == full["collectives"]
+
+
 def hlo_counts(D) -> dict[str, int]:
     run, specs = D.program(())
     x = jnp.zeros(D.domain_shape, D.dtype)

@@ -68,7 +68,8 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
       compiled step (what `benchmarks/scaling.py` turns into compute time).
 
     The step is `parop.nn.train.make_step` with Adam (or `optimizer`) on the relative L2
-    loss, as `fit` trains.
+    loss, as `fit` trains: a batch that a distributed model runs filled up to its
+    reference batch size (`runs_at`) is measured so, from that batch size's plans.
 
     ```python
     >>> from parop.nn import FNO, dry_run
@@ -89,7 +90,7 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
         raise TypeError("dry_run: optimizer must be an optax GradientTransformation (with init and update), such as "
                         f"optax.adam(1e-3), or None for that, got {type(optimizer).__name__} {optimizer!r}"[:300])
     start = time.perf_counter()
-    ops = model.operators(batch)  # plans a distributed model's chain for this batch size
+    ops = model.operators(model.runs_at(batch))  # plans a distributed model's chain for this batch size
     plan_seconds = time.perf_counter() - start
     θ, params, state, a, u = _abstract_step_inputs(model, batch, optimizer)
     step = make_step(lambda θ, a, u: relative_l2(model.apply(θ, a), u), optimizer, θ)
@@ -151,7 +152,7 @@ def _abstract_step_inputs(model, batch: int, optimizer):
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where)
 
     state = jax.tree_util.tree_map_with_path(placed, jax.eval_shape(optimizer.init, params))
-    ops = model.operators(batch)
+    ops = model.operators(model.runs_at(batch))
     grid = model.grid
     a = jax.ShapeDtypeStruct((batch, model.in_channels) + grid, model.dtype,
                              sharding=model.in_sharding if model.distributed else None)

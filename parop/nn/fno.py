@@ -164,6 +164,7 @@ class FNO:
         self.projection, self.dtype, self.local_kernel = projection, dtype, local_kernel
         self.remat = remat
         self._batches: OrderedDict[int, dict[str, Any]] = OrderedDict()  # batch size -> what was built for it
+        self._sample_batch = 1  # the batch axis's split (a distributed model's partition's batch entry)
         self._kept_always: int | None = None  # a batch size never dropped (a distributed model's reference)
 
     def _rebuild(self, cls, **extra):
@@ -249,7 +250,8 @@ class FNO:
 
     # -- the network -------------------------------------------------------------------------
     def apply(self, θ: Params, a: jax.Array) -> jax.Array:
-        """The FNO on `a` of shape `(batch, in_channels, *grid)`, any batch size."""
+        """The FNO on `a` of shape `(batch, in_channels, *grid)`, any batch size (run at
+        `runs_at(batch)` samples, the extra ones zeros whose outputs are dropped)."""
         shape = (self.in_channels,) + self.grid
         a = a if hasattr(a, "dtype") and hasattr(a, "ndim") else np.asarray(a)
         if jnp.issubdtype(a.dtype, jnp.complexfloating):
@@ -259,6 +261,19 @@ class FNO:
             raise ValueError(f"FNO: input must have shape (batch, {', '.join(map(str, shape))}), got {a.shape}")
         if a.shape[0] == 0:  # no sample: the empty result, as an operator gives (there is no plan to make)
             return jnp.zeros((0, self.out_channels) + self.grid, self.dtype)
+        samples, run = a.shape[0], self.runs_at(a.shape[0])
+        if run > samples:
+            a = _filled(a, run, self._sample_batch)
+        out = self._network(θ, a)
+        return out if run == samples else _unfilled(out, samples, self._sample_batch)
+
+    def runs_at(self, batch: int) -> int:
+        """The batch size `apply` runs `batch` samples at: `batch` itself (a distributed
+        model: where a plan keeps the weights where its reference batch size put them)."""
+        return positive_int(batch, "batch", "FNO.runs_at")
+
+    def _network(self, θ: Params, a: jax.Array) -> jax.Array:
+        """`apply` on `a` (checked), at the batch size its operators are planned for."""
         ops = self.operators(a.shape[0])
         with jax.ensure_compile_time_eval():  # constants in the program: XLA computed them split, then gathered them
             axes = [jnp.linspace(0, 1, n, dtype=self.dtype) for n in self.grid]
@@ -397,6 +412,21 @@ def projection_in_blocks(model: FNO, θ: Params, h: jax.Array) -> jax.Array:
     return jnp.moveaxis(out, 0, cut).reshape((b, model.out_channels) + grid)
 
 
+def _filled(a: jax.Array, batch: int, split: int) -> jax.Array:
+    """`a` with zero samples after each of the `split` blocks of its batch axis (each
+    device's block where the axis is split that many ways), `batch` samples in all."""
+    blocks = a.reshape((split, a.shape[0] // split) + a.shape[1:])
+    filled = jnp.pad(blocks, [(0, 0), (0, (batch - a.shape[0]) // split)] + [(0, 0)] * (a.ndim - 1))
+    return filled.reshape((batch,) + a.shape[1:])
+
+
+def _unfilled(out: jax.Array, batch: int, split: int) -> jax.Array:
+    """The first `batch // split` samples of each of the `split` blocks of `out`'s batch
+    axis (`_filled`'s inverse)."""
+    blocks = out.reshape((split, out.shape[0] // split) + out.shape[1:])
+    return blocks[:, :batch // split].reshape((batch,) + out.shape[1:])
+
+
 @lru_cache(maxsize=16)  # bounded: one compiled initialiser per (shapes, placements) of recent models
 def _initializer(draws: tuple[tuple, ...], places: tuple[tuple[str, NamedSharding], ...]):
     """The jitted `key -> {name: value}` of `FNO._draws`, each value placed as `places` says.
@@ -533,6 +563,31 @@ class DistributedFNO(FNO):
                 f"batch size {self.reference_batch} puts them ({placed or 'every weight whole on each device'}); "
                 f"distribute with batch={b} (the reference batch size: every other batch size keeps its "
                 f"placements)") from error
+
+    def runs_at(self, batch: int) -> int:
+        """The batch size `apply` runs `batch` samples at: `batch` itself where a plan
+        keeps the weights where the reference batch size's plan put them (`operators`);
+        a smaller batch with no such plan runs at the reference batch size, filled up
+        with zero samples whose outputs are dropped (each device's block of the batch
+        axis keeps its own samples: nothing moves). So a model trained at 8 samples on 8
+        devices, every weight whole, applies to one sample, which no plan with whole
+        weights splits over 8 devices. Decided once per batch size.
+
+        >>> dist = FNO((16, 16), width=4, modes=(4, 4), layers=1).distribute((1, 1, 2, 4), batch=8)
+        >>> dist.runs_at(8), dist.runs_at(6), dist.runs_at(1)
+        (8, 6, 8)
+        """
+        batch = positive_int(batch, "batch", "FNO.runs_at")
+        return self._for_batch(batch, "runs_at", lambda: self._runs_at(batch))
+
+    def _runs_at(self, batch: int) -> int:
+        if batch >= self.reference_batch or batch % self._sample_batch:
+            return batch  # (`operators` says why, where it has no plan)
+        try:
+            self.operators(batch)
+        except ValueError:  # no plan with the reference's placements (or none at all): the reference's runs
+            return self.reference_batch
+        return batch
 
     def _blocked_projection(self, θ: Params, h: jax.Array) -> jax.Array:
         """The remat projection on each device's block, in the layout where the planned
