@@ -157,6 +157,8 @@ def restore(path: PathLike, like: PyTree, *, step: int | None = None) -> PyTree:
     """
     _check_leaves(like, "restore", (jax.Array, np.ndarray, jax.ShapeDtypeStruct),
                   "jax.Array, NumPy array and jax.ShapeDtypeStruct")
+    if step is not None:  # (a "1" or 1.0 is no step of the directory's listing, True one by accident)
+        step = int_at_least(step, 0, "step", "restore")
     ocp = _orbax()
     manager = _manager(path, create=False)
     try:
@@ -372,6 +374,8 @@ def _manager(path: PathLike, **options):
     ocp = _orbax()
     path = os.fspath(path)
     directory = path if "://" in path else os.path.abspath(path)
+    if os.path.exists(directory) and not os.path.isdir(directory):  # (orbax's threads would wait 5 min to exit)
+        raise NotADirectoryError(f"{path!r} is a file, not a checkpoint directory")
     return ocp.CheckpointManager(directory, item_handlers=ocp.StandardCheckpointHandler(),
                                  options=ocp.CheckpointManagerOptions(**options))
 

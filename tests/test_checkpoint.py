@@ -102,6 +102,15 @@ def test_checkpoint_errors(ocp, tmp_path):
         checkpoint.restore(tmp_path, wrong)
     checkpoint.save(tmp_path, θ, step=1, allow_older=True)  # the latest is the largest
     assert checkpoint.latest_step(tmp_path) == 3
+    # a step that is no int is named as save names it ("1" was "no step 1 (steps: [1, 3])";
+    # True and 1.0 read as a damaged checkpoint)
+    for step in ("1", True, 1.0):
+        with pytest.raises(TypeError, match=r"restore: step must be an int"):
+            checkpoint.restore(tmp_path, θ, step=step)
+    # a file where the directory should be: at once (orbax's threads then held the process 5 minutes)
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(NotADirectoryError, match=r"file' is a file, not a checkpoint directory"):
+        checkpoint.save(tmp_path / "file", θ, step=0)
 
 
 def test_checkpoint_needs_orbax_only_when_used():

@@ -292,18 +292,23 @@ def test_input_dtypes():
 
 
 @pytest.mark.parametrize("remat", [False, True])
-def test_a_missing_or_misshapen_bias_is_named(remat):
-    """A bias of another shape would broadcast (a silent wrong answer); a missing one was
-    a KeyError. Serial and distributed, the remat projection included."""
+def test_a_missing_misshapen_or_mistyped_bias_is_named(remat):
+    """A bias of another shape would broadcast, a complex one make the output complex
+    (silent wrong answers), an int one fail inside `jax.grad`; a missing one was a
+    KeyError. Serial and distributed, the remat projection included."""
     model = FNO((8, 8), width=4, modes=(4, 4), layers=1, projection=8, remat=remat)
     θ = model.init(jax.random.key(0))
     a = jnp.ones((2, 1, 8, 8), jnp.float32)
     for m in (model, model.distribute((2, 1, 2, 1))):
-        for name, bad, got in (("skip0.bias", jnp.zeros(1), r"shape \(1,\)"), ("proj2.bias", None, "none"),
-                               ("proj1.bias", jnp.zeros((8, 1)), r"shape \(8, 1\)")):
+        for name, bad, got in (("skip0.bias", jnp.zeros(1, jnp.float32), r"shape \(1,\) and dtype float32"),
+                               ("proj2.bias", None, "none"),
+                               ("proj1.bias", jnp.zeros((8, 1), jnp.float32), r"shape \(8, 1\) and dtype float32"),
+                               ("proj2.bias", jnp.ones(1, jnp.complex64), r"shape \(1,\) and dtype complex64"),
+                               ("lift.bias", jnp.ones(4, jnp.int32), r"shape \(4,\) and dtype int32")):
             broken = {k: v for k, v in θ.items() if k != name} | ({} if bad is None else {name: bad})
-            want = r"\(8,\)" if name == "proj1.bias" else r"\(4,\)" if name == "skip0.bias" else r"\(1,\)"
-            with pytest.raises(ValueError, match=rf"FNO: θ\['{name}'\] must be an array of shape {want}, got {got}"):
+            want = {"proj1.bias": r"\(8,\)", "skip0.bias": r"\(4,\)", "lift.bias": r"\(4,\)"}.get(name, r"\(1,\)")
+            with pytest.raises(ValueError, match=rf"FNO: θ\['{name}'\] must be an array of shape {want} and dtype "
+                                                 rf"float32, got {got}"):
                 m.apply(broken, a)
 
 

@@ -101,6 +101,10 @@ def test_open_store_and_batch_name_bad_input(darcy, tmp_path):
     path, a, u = darcy
     with pytest.raises(FileNotFoundError, match=r"open_store: no zarr group at .*nothing"):
         open_store(tmp_path / "nothing")
+    v2 = zarr.open_group(tmp_path / "v2.zarr", mode="w", zarr_format=2)  # zarr format 2: a .zgroup, no zarr.json
+    v2.create_array("a", data=np.asarray(a[:4]), chunks=(1,) + a.shape[1:])
+    v2.create_array("u", data=np.asarray(u[:4]), chunks=(1,) + u.shape[1:])
+    np.testing.assert_array_equal(np.asarray(open_store(tmp_path / "v2.zarr").batch([2, 0], None)[0]), a[[2, 0]])
     with pytest.raises(ValueError, match=r"no array 'v' \(targets=\); its arrays: \['a', 'u'\]"):
         open_store(path, targets="v")
     own = zarr.open_group(tmp_path / "own.zarr", mode="w")  # the user's own arrays

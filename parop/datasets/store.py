@@ -131,9 +131,10 @@ def open_store(path: Any, inputs: str = "a", targets: str = "u") -> "StoreDatase
     missing array or arrays whose samples or grids disagree, and warns where the chunks
     span several samples (a batch of random samples then reads their neighbours too).
     """
-    if isinstance(path, (str, os.PathLike)) and not os.path.exists(os.path.join(os.fspath(path), "zarr.json")):
-        raise FileNotFoundError(f"open_store: no zarr group at {os.fspath(path)!r} (no zarr.json there): write "
-                                "one with parop.datasets.write_darcy or with zarr itself")
+    if isinstance(path, (str, os.PathLike)) and not any(  # zarr format 3's metadata, or format 2's
+            os.path.exists(os.path.join(os.fspath(path), name)) for name in ("zarr.json", ".zgroup")):
+        raise FileNotFoundError(f"open_store: no zarr group at {os.fspath(path)!r} (no zarr.json or .zgroup there): "
+                                "write one with parop.datasets.write_darcy or with zarr itself")
     group = zarr.open_group(path, mode="r")
     present = sorted(group.array_keys())
     for role, name in (("inputs", inputs), ("targets", targets)):

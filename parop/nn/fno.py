@@ -327,10 +327,12 @@ class FNO:
         y = op(θ) @ h  # checks θ's weight `name`
         key, want = f"{name}.bias", op.parameters[name].param_shape[:1]
         bias = θ.get(key)
-        if getattr(bias, "shape", None) != want:  # a bias of another shape would broadcast: a silent wrong answer
-            got = "none" if bias is None else f"shape {bias.shape}" if hasattr(bias, "shape") else type(bias).__name__
-            raise ValueError(f"FNO: θ[{key!r}] must be an array of shape {want}, got {got}: make the parameters "
-                             "with model.init(key)")
+        # a bias of another shape would broadcast, a complex one make the output complex: silent wrong answers
+        if getattr(bias, "shape", None) != want or getattr(bias, "dtype", None) != self.dtype:
+            got = ("none" if bias is None else f"shape {bias.shape} and dtype {bias.dtype}" if hasattr(bias, "shape")
+                   else type(bias).__name__)
+            raise ValueError(f"FNO: θ[{key!r}] must be an array of shape {want} and dtype {self.dtype.name}, got "
+                             f"{got}: make the parameters with model.init(key)")
         return y + bias.reshape(want + (1,) * len(self.grid))
 
     # -- distribution ------------------------------------------------------------------------

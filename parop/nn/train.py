@@ -193,10 +193,13 @@ def fit(model, θ: Params, a: jax.Array | Dataset, u: jax.Array | None = None, *
     n = _check_data("fit", model, a, u, batch)
     _check_arguments("fit", θ, decode=decode, place=place, callback=callback)
     _check_counts("fit", steps=steps, every=every)
+    if getattr(lr, "shape", None) == () and np.issubdtype(getattr(lr, "dtype", None), np.floating):
+        lr = float(lr)  # a 0-d float array (jnp.float32(1e-3)), as a NumPy scalar is
     if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < math.inf:
         raise ValueError(f"fit: lr must be a positive number, got lr={lr!r}")
-    if not is_int(seed) or seed < 0:
-        raise ValueError(f"fit: seed must be an int >= 0 (it draws the order of the samples), got seed={seed!r}")
+    if not is_int(seed) or not 0 <= seed < 2**64:  # (a checkpoint keeps it as a 64-bit int)
+        raise ValueError(f"fit: seed must be an int in [0, 2**64) (it draws the order of the samples), got "
+                         f"seed={seed!r}")
     if batch > n:
         raise ValueError(f"fit: batch={batch} is larger than the data set ({n} samples): use batch <= {n}")
     decoding, normaliser = _decoder(decode)
@@ -276,7 +279,8 @@ def _on_mesh(tree, θ: Params):
     on one device; a normaliser's arrays) replicated over the parameters' mesh, where the
     jitted step returns them: placed otherwise, a second call would compile the program
     again (jit's cache tells the placements apart) or copy them over again."""
-    meshes = {leaf.sharding.mesh for leaf in jax.tree.leaves(θ) if isinstance(leaf.sharding, jax.NamedSharding)}
+    meshes = {leaf.sharding.mesh for leaf in jax.tree.leaves(θ)
+              if isinstance(getattr(leaf, "sharding", None), jax.NamedSharding)}  # (NumPy leaves have none)
     if not meshes:  # a serial model: its programs take and return uncommitted arrays
         return tree
     replicated = jax.NamedSharding(meshes.pop(), jax.P())
@@ -320,6 +324,8 @@ def _check_array(where: str, name: str, value, what: str = " (NumPy or JAX)") ->
     a nested list is not converted, its dtype would be a guess)."""
     if not hasattr(value, "shape"):
         raise TypeError(f"{where}: {name} must be an array{what}, got {type(value).__name__}")
+    if not np.shape(value):
+        raise ValueError(f"{where}: {name} must hold samples along its axis 0, got a 0-d array")
 
 
 def _check_params(where: str, θ) -> None:
