@@ -105,6 +105,11 @@ def test_open_store_and_batch_name_bad_input(darcy, tmp_path):
     v2.create_array("a", data=np.asarray(a[:4]), chunks=(1,) + a.shape[1:])
     v2.create_array("u", data=np.asarray(u[:4]), chunks=(1,) + u.shape[1:])
     np.testing.assert_array_equal(np.asarray(open_store(tmp_path / "v2.zarr").batch([2, 0], None)[0]), a[[2, 0]])
+    zarr.create_array(tmp_path / "array.zarr", shape=(4, 1, 8, 8), dtype="float32")  # an array, not a group
+    with pytest.raises(FileNotFoundError, match=r"open_store: no zarr group at .*array.zarr'?: it holds a zarr array"):
+        open_store(tmp_path / "array.zarr")
+    with pytest.raises(ValueError, match=r"write_darcy: .*array.zarr' holds a zarr array, not a group"):
+        write_darcy(tmp_path / "array.zarr", 2, 8)
     with pytest.raises(ValueError, match=r"no array 'v' \(targets=\); its arrays: \['a', 'u'\]"):
         open_store(path, targets="v")
     own = zarr.open_group(tmp_path / "own.zarr", mode="w")  # the user's own arrays

@@ -77,6 +77,9 @@ def write_darcy(path: str | os.PathLike, n_samples: int, resolution: int = 32, *
         group = zarr.open_group(os.fspath(path), mode="a")
     except zarr.errors.ContainsGroupError:  # another process made the group between zarr's check and its write
         group = zarr.open_group(os.fspath(path), mode="r+")
+    except zarr.errors.ContainsArrayError as error:
+        raise ValueError(f"write_darcy: {os.fspath(path)!r} holds a zarr array, not a group: write the data set "
+                         "elsewhere") from error
     settings = {"n_samples": n_samples, "resolution": resolution, "dim": dim, "seed": seed}
     arrays = {name: _array(group, name, shape, np.dtype(dtype), chunks, settings) for name in ("a", "u")}
     for start, a, u in blocks:
@@ -135,7 +138,12 @@ def open_store(path: Any, inputs: str = "a", targets: str = "u") -> "StoreDatase
             os.path.exists(os.path.join(os.fspath(path), name)) for name in ("zarr.json", ".zgroup")):
         raise FileNotFoundError(f"open_store: no zarr group at {os.fspath(path)!r} (no zarr.json or .zgroup there): "
                                 "write one with parop.datasets.write_darcy or with zarr itself")
-    group = zarr.open_group(path, mode="r")
+    try:
+        group = zarr.open_group(path, mode="r")
+    except zarr.errors.ContainsArrayError as error:
+        where = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
+        raise FileNotFoundError(f"open_store: no zarr group at {where!r}: it holds a zarr array (open the group "
+                                "that holds it and its targets)") from error
     present = sorted(group.array_keys())
     for role, name in (("inputs", inputs), ("targets", targets)):
         if name not in present:
