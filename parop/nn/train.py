@@ -312,6 +312,9 @@ def _check_data(where: str, model, a, u, batch: int) -> int:
         raise TypeError(f"{where}: u (the targets) is missing: pass a and u, or a data set (parop.datasets.open_store)")
     _check_array(where, "a", a, ", samples first (NumPy or JAX), or a data set")
     _check_array(where, "u", u, ", samples first (NumPy or JAX)")
+    for name, value in (("a", a), ("u", u)):
+        if not np.shape(value):
+            raise ValueError(f"{where}: {name} must hold samples along its axis 0, got a 0-d array")
     if len(a) != len(u):
         raise ValueError(f"{where}: a and u must hold as many samples (axis 0), got len(a)={len(a)}, len(u)={len(u)}")
     if len(a) == 0:
@@ -324,8 +327,6 @@ def _check_array(where: str, name: str, value, what: str = " (NumPy or JAX)") ->
     a nested list is not converted, its dtype would be a guess)."""
     if not hasattr(value, "shape"):
         raise TypeError(f"{where}: {name} must be an array{what}, got {type(value).__name__}")
-    if not np.shape(value):
-        raise ValueError(f"{where}: {name} must hold samples along its axis 0, got a 0-d array")
 
 
 def _check_params(where: str, θ) -> None:
