@@ -546,13 +546,11 @@ class DistributedFNO(FNO):
         if b % split:
             raise ValueError(f"FNO.distribute: a batch of {b} samples cannot be split in {split} (the partition's "
                              f"batch entry): use a multiple of {split}")
-        first = self.operators(self.reference_batch)[0]
-        spec, mesh, cost = first.in_sharding.spec, first.mesh, first.cost
         try:
-            return self._chain(b, spec, mesh, cost, self.weights)
+            return self._replanned(b, self.weights)
         except ValueError as error:
             try:  # only where some placement would plan are the reference's placements to blame
-                self._chain(b, spec, mesh, cost, None)
+                self._replanned(b, None)
             except ValueError as unpinned:
                 none = ("could not be planned on this partition (the planner gave up)" if _gave_up(unpinned)
                         else "has no plan on this partition")
@@ -565,6 +563,11 @@ class DistributedFNO(FNO):
                 f"batch size {self.reference_batch} puts them ({placed or 'every weight whole on each device'}); "
                 f"distribute with batch={b} (the reference batch size: every other batch size keeps its "
                 f"placements)") from error
+
+    def _replanned(self, b: int, weights) -> list[DistributedOperator]:
+        """`_chain` for `b` samples on the reference batch size's input layout, mesh and cost."""
+        first = self.operators(self.reference_batch)[0]
+        return self._chain(b, first.in_sharding.spec, first.mesh, first.cost, weights)
 
     def runs_at(self, batch: int) -> int:
         """The batch size `apply` runs `batch` samples at: `batch` itself where a plan
@@ -579,15 +582,15 @@ class DistributedFNO(FNO):
         >>> dist.runs_at(8), dist.runs_at(6), dist.runs_at(1)
         (8, 6, 8)
         """
-        batch = positive_int(batch, "batch", "FNO.runs_at")
+        batch = super().runs_at(batch)
         return self._for_batch(batch, "runs_at", lambda: self._runs_at(batch))
 
     def _runs_at(self, batch: int) -> int:
         if batch >= self.reference_batch or batch % self._sample_batch:
             return batch  # (`operators` says why, where it has no plan)
-        try:
-            self.operators(batch)
-        except ValueError:  # no plan with the reference's placements (or none at all): the reference's runs
+        try:  # the pinned plan alone, kept as `operators`' where found (`_build` plans more, to say why not)
+            self._for_batch(batch, "operators", lambda: self._replanned(batch, self.weights))
+        except ValueError:  # no plan with the reference's placements: the reference's runs
             return self.reference_batch
         return batch
 
