@@ -227,7 +227,8 @@ class FNO:
             raise ValueError("FNO.init: the model is distributed on a mesh shape (an AbstractMesh), which has no "
                              "devices to hold the weights: distribute it on a jax.sharding.Mesh to initialise it")
         places = tuple(sorted(self.param_shardings().items(), key=lambda item: item[0]))
-        return _initializer(self._draws(), places)(key)
+        draws = self._draws()
+        return _initializer(draws, places)({name: name_key(key, name) for name, *_ in draws})
 
     def _draws(self) -> tuple[tuple, ...]:
         """`(name, shape, dtype, kind, bound)` of every parameter, biases included: what
@@ -431,7 +432,9 @@ def _unfilled(out: jax.Array, batch: int, split: int) -> jax.Array:
 
 @lru_cache(maxsize=16)  # bounded: one compiled initialiser per (shapes, placements) of recent models
 def _initializer(draws: tuple[tuple, ...], places: tuple[tuple[str, NamedSharding], ...]):
-    """The jitted `key -> {name: value}` of `FNO._draws`, each value placed as `places` says.
+    """The jitted `{name: key} -> {name: value}` of `FNO._draws`, each value placed as
+    `places` says, from its key (`name_key`, folded outside: inside, the folds would
+    triple the compile time).
 
     Each value is drawn at its shape with the axes its placement leaves whole merged
     (`_merged`) and reshaped: the same values (a `jax.random` draw is a function of each
@@ -447,8 +450,8 @@ def _initializer(draws: tuple[tuple, ...], places: tuple[tuple[str, NamedShardin
                                      / bound))
         return jax.random.uniform(key, _merged(shape, spec), dtype, -bound, bound).reshape(shape)
 
-    def draw_all(key: jax.Array) -> Params:
-        return {name: draw(name_key(key, name), name, *spec) for name, *spec in draws}
+    def draw_all(keys: dict[str, jax.Array]) -> Params:
+        return {name: draw(keys[name], name, *spec) for name, *spec in draws}
 
     return jax.jit(draw_all, out_shardings=where or None)
 
