@@ -36,7 +36,7 @@ from ..distributed.plan import PlanningError
 from ..operator import Operator, explicit_sharding
 from ..operators import DFT, Convolution, Identity, Matrix, PerModeMatrix, Restriction
 from .._checks import divisors, is_axes, is_positive_int, positive_int
-from ..params import check_key, name_key
+from ..params import check_key, name_keys
 
 Params = dict[str, jax.Array]
 
@@ -228,7 +228,7 @@ class FNO:
                              "devices to hold the weights: distribute it on a jax.sharding.Mesh to initialise it")
         places = tuple(sorted(self.param_shardings().items(), key=lambda item: item[0]))
         draws = self._draws()
-        return _initializer(draws, places)({name: name_key(key, name) for name, *_ in draws})
+        return _initializer(draws, places)(name_keys(key, [name for name, *_ in draws]))
 
     def _draws(self) -> tuple[tuple, ...]:
         """`(name, shape, dtype, kind, bound)` of every parameter, biases included: what
@@ -433,8 +433,7 @@ def _unfilled(out: jax.Array, batch: int, split: int) -> jax.Array:
 @lru_cache(maxsize=16)  # bounded: one compiled initialiser per (shapes, placements) of recent models
 def _initializer(draws: tuple[tuple, ...], places: tuple[tuple[str, NamedSharding], ...]):
     """The jitted `{name: key} -> {name: value}` of `FNO._draws`, each value placed as
-    `places` says, from its key (`name_key`, folded outside: inside, the folds would
-    triple the compile time).
+    `places` says, from its key (`name_keys`).
 
     Each value is drawn at its shape with the axes its placement leaves whole merged
     (`_merged`) and reshaped: the same values (a `jax.random` draw is a function of each
