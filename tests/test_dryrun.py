@@ -196,6 +196,10 @@ def test_the_command_line_names_bad_arguments(args, message, monkeypatch, capsys
     (["--partition", "1", "a", "1", "1"], r"sizes must be ints: invalid literal for int\(\) with base 10: 'a'"),
     (["--partition", "99999", "1", "1", "1"], r"--partition: input axis 0 of size 1 cannot be split in 99999"),
     (["--partition", "1", "1", "2"], r"--partition splits the axes of \(batch, channel, \*grid\): 4 entries"),
+    (["--partition", "1,1,2"], r"--partition splits the axes of \(batch, channel, \*grid\): 4 entries for grid "
+                               r"\(16, 16\), got \(1, 1, 2\)"),  # sizes by commas, or as a shape: the same sizes
+    (["--partition", "1x1x2"], r"--partition splits the axes of \(batch, channel, \*grid\): 4 entries for grid "
+                               r"\(16, 16\), got \(1, 1, 2\)"),
 ])
 def test_the_command_line_checks_the_partition_before_it_starts_again_on_its_devices(args, message, monkeypatch,
                                                                                       capsys):

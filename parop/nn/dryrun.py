@@ -206,7 +206,8 @@ def _input_gradient_only(plan) -> list:
 # -- the command line ------------------------------------------------------------------------
 
 def _ints(values: list[str]) -> tuple[int, ...]:
-    """`["512", "512"]` or `["512,512"]` -> `(512, 512)`."""
+    """Sizes given apart, by commas or as a shape: `["512", "512"]`, `["512,512"]` or
+    `["512x512"]` -> `(512, 512)`."""
     return tuple(int(v) for value in values for v in value.replace("x", ",").split(",") if v)
 
 
@@ -216,14 +217,14 @@ def parser() -> argparse.ArgumentParser:
         description="Compile one FNO training step (forward, backward, Adam) on forced CPU devices, "
                     "allocating nothing: per-device memory, planning and compile time, collectives "
                     "and bytes per step.")
-    p.add_argument("--grid", nargs="+", required=True, help="grid sizes, e.g. 512 512 256 32")
+    p.add_argument("--grid", nargs="+", required=True, help="grid sizes, e.g. 512 512 256 32 (or 512,512,256,32 or 512x512x256x32)")
     p.add_argument("--width", type=int, default=20)
-    p.add_argument("--modes", nargs="+", required=True, help="modes per grid axis, e.g. 32 32 16 8")
+    p.add_argument("--modes", nargs="+", required=True, help="modes per grid axis, e.g. 32 32 16 8 (commas or x too)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--projection", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
     split = p.add_mutually_exclusive_group()
-    split.add_argument("--partition", nargs="+", help="split of (batch, channel, *grid), e.g. 1 1 8 8 4 1")
+    split.add_argument("--partition", nargs="+", help="split of (batch, channel, *grid), e.g. 1 1 8 8 4 1 (commas or x too)")
     split.add_argument("--devices", type=int, help="let parop choose the partition over this many devices")
     p.add_argument("--memory-limit", type=float, default=None,
                    help="with --devices: GB per device the chosen partition must fit")

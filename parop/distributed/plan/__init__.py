@@ -100,7 +100,12 @@ from .program import Program, Slot, Step, program
 from .room import NoRoom, no_room
 from .search import Search
 
-__all__ = ["CostModel", "Goal", "Plan", "PlanningError", "make_plan", "program"]
+# the planner's names for the layers above it: `operator.py` and `chain.py` ask for plans,
+# `lower.py` runs them (its visits, slots and steps)
+__all__ = [
+    "Collective", "CostModel", "Goal", "Plan", "PlanningError", "Slot", "Step", "StepAction", "Visit",
+    "counts_goal", "default_goal", "make_plan", "program", "route", "walk",
+]
 
 
 # -- making a plan -----------------------------------------------------------------------
