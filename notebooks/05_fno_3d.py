@@ -34,7 +34,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # those 8 devices, also where JAX
 import jax
 import jax.numpy as jnp
 import numpy as np
-import parop as po
 import time
 import warnings
 
