@@ -829,6 +829,42 @@ def test_a_later_terms_bound_to_an_exit_no_end_popped_is_at_most_its_least_cost(
     assert compared >= 20 * SCALE and exact_ones >= compared // 2, (compared, exact_ones)
 
 
+
+def test_a_later_terms_least_cost_to_any_exit_is_the_first_end_of_its_departures_search():
+    """`LowerBound.term_bound` to an exit not known yet takes the first end that the
+    term's search of its departures pops (`LowerBound.departures`, searched on as far as
+    needed), wherever it is: a later term of a random FNO layer's sum from the sum's
+    entry layout costs exactly that to its cheapest end, against the exhaustive search,
+    asked before or after `departing` (one search serves both, and neither changes the
+    other's answer)."""
+    compared = 0
+    for i in range(int(40 * SCALE)):
+        what, prog, layout, mesh, cost, pins = random_layer(i, 3037)
+        oracle = Search(mesh, cost, False, exhaustive=True, max_states=ORACLE_STATES, pinned=pins)
+        ctx = oracle.context(prog, prog.shape, prog.dtype.itemsize)
+        for t, term in enumerate(ctx.steps[0].terms[1:], 1):
+            search = oracle.explore(oracle.context(term, ctx.sizes(0), ctx.itemsize(0), True), [layout], Goal.any(),
+                                    padded=True)
+            try:
+                least = next(c[0] for c, state, _, _ in search if state is not None)
+            except (PlanningError, StopIteration):
+                continue
+            finally:
+                search.close()
+            answers = []
+            for bound_first in (True, False):
+                fast = Search(mesh, cost, False, pinned=pins)
+                term_ctx = fast.context(term, ctx.sizes(0), ctx.itemsize(0), True)
+                lay = fast.intern(layout)
+                asked = [lambda: fast.term_bound(term_ctx, lay, None), lambda: fast.departing(term_ctx, lay)]
+                got = [ask() for ask in (asked if bound_first else asked[::-1])]
+                answers.append(got if bound_first else got[::-1])
+            assert answers[0] == answers[1], f"{what}: term {t}, {answers}"
+            assert math.isclose(answers[0][0], least, rel_tol=1e-12, abs_tol=1e-9), \
+                f"{what}: term {t}, {answers[0][0]} != {least}"
+            compared += 1
+    assert compared >= 12 * SCALE, compared
+
 def _regression_cases():
     """Problems where the fast search's lower bound once exceeded the true cost to go,
     so that it returned a dearer plan than the exhaustive search (each was found by the

@@ -310,15 +310,17 @@ class LowerBound:
         """A lower bound on a sum's term from the sum's entry layout to its exit (`ends`;
         None: not known yet): `line`, or the least cost of the term alone, a search of its
         own (memoised, by `term_class`; it counts what `line` does not, such as halo
-        exchanges)."""
+        exchanges). To any exit, that search is the one of the term's departures from
+        the entry (`departures`): the first end it pops, wherever, is the least."""
         key = (term, entry, ends)
         found = self._term_bounds.get(key)
         if found is None:
             def search() -> float:
+                if ends is None:
+                    return max(self.line(term, 0, entry, None), self.departures(term, entry).least_end())
                 least = 0.0
                 try:
-                    for cost, state, _, _ in self.term_search().explore(term, [entry.value], ends or Goal.any(),
-                                                                        padded=True):
+                    for cost, state, _, _ in self.term_search().explore(term, [entry.value], ends, padded=True):
                         if state is not None:
                             least = cost[0]
                             break
@@ -743,20 +745,24 @@ class LowerBound:
         or a search of its own (`Departures`), stopped after `LEAVING_STATES` states at the
         least key still open (no end not popped costs less) (memoised, by `term_class`).
         With `popped` (`bound`'s), to an end in none of those layouts either: the same
-        search, stepped on as far as needed (kept per layout by this search)."""
-        def departures() -> Departures:
-            found = self._departures.get((term, lay))
-            if found is None:
-                ends = self.term_search().explore(term, [lay.value], Goal.any(), before=True, padded=True)
-                found = self._departures[(term, lay)] = Departures(ends, lay)
-            return found
-
+        search, stepped on as far as needed."""
         key = (term, lay)
         found = self._departing.get(key)
         if found is None:
             found = self._departing[key] = self.shared(
-                "departing", term, lay, None, lambda: max(departures().beyond(), self.line(term, 0, lay, None)))
-        return max(found, departures().beyond(popped)) if popped else found
+                "departing", term, lay, None,
+                lambda: max(self.departures(term, lay).beyond(), self.line(term, 0, lay, None)))
+        return max(found, self.departures(term, lay).beyond(popped)) if popped else found
+
+    def departures(self, term: Context, lay: Interned) -> Departures:
+        """The search of a sum's term from the sum's entry layout `lay` to every end (moves
+        after its steps included, padded ends allowed), stepped on as asked (kept per
+        layout by this search)."""
+        found = self._departures.get((term, lay))
+        if found is None:
+            ends = self.term_search().explore(term, [lay.value], Goal.any(), before=True, padded=True)
+            found = self._departures[(term, lay)] = Departures(ends, lay)
+        return found
 
     def least_move(self, ctx: Context, done: int, lay: Interned, padded: bool = False) -> float:
         """The least price of a move (an `AllToAll` or a `Split`) from `(done, lay)`
@@ -1825,43 +1831,61 @@ class AdjointEnds:
 
 
 class Departures:
-    """A sum's later term's search from the sum's entry layout to its ends elsewhere
-    (`LowerBound.departing`), stepped on as asked: the ends it has popped, in that order,
-    and, once it has stopped after `LEAVING_STATES` states (as `_least_end` does), the
-    least key it left open. The first end it pops outside a set of layouts is the
-    cheapest outside it (A* with an admissible bound, for that set as its goal)."""
+    """A sum's later term's search from the sum's entry layout to its ends
+    (`LowerBound.departures`), stepped on as asked: the time of the first end it pops,
+    wherever (`least_end`: the term's least cost from the entry), the ends it pops
+    elsewhere, in that order, and, once it has stopped after `LEAVING_STATES` states (as
+    `_least_end` does), the least key it left open. The first end it pops outside a set
+    of layouts is the cheapest outside it (A* with an admissible bound, for that set as
+    its goal)."""
 
     def __init__(self, ends: Iterator, entry):
         self.ends, self.entry = ends, entry
-        self.found: list = []  # (time, layout) of each end popped in a layout other than `entry`, in order
+        self.first: float | None = None  # the time of the first end popped, in any layout
+        self.found: list = []  # (time, layout) of each end popped elsewhere than `entry` before it stopped, in order
         self.count = 0  # the items of `ends` taken
         self.least: float | None = None  # where the search has stopped: a lower bound on every end not popped
+        self.over = False  # no item left: the search ended, or gave up
+
+    def least_end(self) -> float:
+        """The time of the cheapest end (searched on past `LEAVING_STATES` where needed),
+        0 where there is none or the search gives up."""
+        while self.first is None and not self.over:
+            self.take()
+        return 0.0 if self.first is None else self.first
 
     def beyond(self, popped=frozenset()) -> float:
         """The least time of an end in none of the layouts `popped`, or a lower bound on it
         where the search has stopped."""
-        for time, lay in self.found:
-            if lay not in popped:
-                return time
-        while self.least is None:
-            try:
-                cost, state, _, heap = next(self.ends)
-            except StopIteration:
-                self.least = math.inf
-                break
-            except PlanningError:
-                self.least = 0.0
-                break
-            count, self.count = self.count, self.count + 1
-            if state is not None and state[3] is not self.entry:
+        seen = 0
+        while True:
+            for time, lay in self.found[seen:]:
+                if lay not in popped:
+                    return time
+            seen = len(self.found)
+            if self.least is not None:
+                return self.least
+            self.take()
+
+    def take(self) -> None:
+        """Takes the search's next item."""
+        try:
+            cost, state, _, heap = next(self.ends)
+        except StopIteration:
+            self.over, self.least = True, math.inf if self.least is None else self.least
+            return
+        except PlanningError:
+            self.over, self.least = True, 0.0 if self.least is None else self.least
+            return
+        count, self.count = self.count, self.count + 1
+        if state is not None:
+            self.first = cost[0] if self.first is None else self.first
+            if state[3] is not self.entry and self.least is None:
                 self.found.append((cost[0], state[3]))
-                if state[3] not in popped:
-                    return cost[0]
-            if count == LEAVING_STATES:
-                # an end just popped is searched on from later: it bounds what it leads to
-                least = heap[0][0][0] if heap else math.inf
-                self.least = least if state is None else min(least, cost[0])
-        return self.least
+        if count == LEAVING_STATES and self.least is None:
+            # an end just popped is searched on from later: it bounds what it leads to
+            least = heap[0][0][0] if heap else math.inf
+            self.least = least if state is None else min(least, cost[0])
 
 
 def _least_end(ends: Iterator, states: float = math.inf, enough: float = math.inf) -> float:
