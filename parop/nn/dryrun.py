@@ -68,8 +68,11 @@ def dry_run(model, batch: int, optimizer=None) -> dict:
       compiled step (what `benchmarks/scaling.py` turns into compute time).
 
     The step is `parop.nn.train.make_step` with Adam (or `optimizer`) on the relative L2
-    loss, as `fit` trains: a batch that a distributed model runs filled up to its
-    reference batch size (`runs_at`) is measured so, from that batch size's plans.
+    loss, as `fit` trains with no `decode`: a batch that a distributed model runs filled
+    up to its reference batch size (`runs_at`) is measured so, from that batch size's
+    plans. Trained with a `UnitGaussianNormalizer`'s `decode`, `fit`'s step also takes
+    the normaliser's mean and standard deviation, each of shape `(out_channels, *grid)`
+    and split as the targets are: per device, two arrays of one sample's target more.
 
     ```python
     >>> from parop.nn import FNO, dry_run
