@@ -18,13 +18,15 @@ REAL, COMPLEX = DTYPES[:2], DTYPES[2:]
 
 
 def leaves(dtype, boundary):
-    """Convolutions and stencils in 1-D, 2-D and 3-D with kernel sizes 1, 3 and 5."""
+    """Convolutions and stencils in 1-D to 4-D with kernel sizes 1, 3 and 5."""
     rng = np.random.default_rng(0)
     out = [
         po.Convolution(2, 3, (3,), (5,), boundary, dtype, name="w"),
         po.Convolution(1, 1, (5,), (2,), boundary, dtype, name="w"),  # a scalar per tap, wider than the grid
         po.Convolution(3, 2, (3, 1), (4, 3), boundary, dtype, name="w"),
         po.Convolution(2, 2, (3, 5, 1), (3, 4, 2), boundary, dtype, name="w"),
+        # a scalar per tap in 4-D: more taps than shifted slices sum (`SHIFTED_TAPS`), one convolution
+        po.Convolution(1, 1, (3, 3, 3, 3), (2, 3, 2, 2), boundary, dtype, name="w"),
         po.Stencil([1, -2, 1], (6,), boundary, dtype),
         po.Stencil(rng.standard_normal(5), (4,), boundary, dtype),
         po.Stencil(rng.standard_normal((3, 3)), (4, 5), boundary, dtype),
@@ -37,9 +39,9 @@ def leaves(dtype, boundary):
 
 # Each leaf in a real and a complex dtype, one with each boundary; all four dtypes
 # among them (the complex-weighted stencil in both complex dtypes).
-CASES = [case for i in range(8) for case in (
+CASES = [case for i in range(9) for case in (
     (REAL[i % 2], BOUNDARIES[i % 2], i), (COMPLEX[i // 2 % 2], BOUNDARIES[1 - i % 2], i))
-] + [("complex64", "periodic", 8), ("complex128", "zero", 8)]
+] + [("complex64", "periodic", 9), ("complex128", "zero", 9)]
 
 
 def check(op: po.Operator, θ, batch=(2, 3), rtol=1.0) -> None:
