@@ -334,6 +334,69 @@ def test_an_fft_beside_a_collective_in_a_pullback():
         np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-12, atol=1e-12)
 
 
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_real_fft_beside_a_length_one_axis_and_beside_a_collective_in_a_pullback(n):
+    """The two cases above with a real DFT (`rfft`, and `irfft` in its adjoint and its
+    pullback), whose operand, unlike its result, is guarded in the pullback only (`_fft`):
+    a jitted product and its adjoint beside a length-1 axis, and the gradient of a jitted
+    product whose row-parallel `Matrix` all-gathers in its pullback. Values and
+    gradients against the serial operator."""
+    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
+    r, c = "float64", "complex128"
+    A = po.kron(po.Reduce(4, r), po.Identity(n, r))
+    B = (po.kron(po.Diagonal(1, c, name="d"), po.DFT(n // 2 + 1, c, norm="forward"))
+         @ po.kron(po.Identity(1, r), po.DFT(n, r)))
+    D = po.distribute(B, P(None, None), mesh=mesh) @ po.distribute(A, P(None, "c"), mesh=mesh)
+    θ = random_params(B @ A)
+    x = jnp.asarray(random_array(np.random.default_rng(11), (4, n), np.float64))
+    y = jnp.asarray(random_array(np.random.default_rng(12), (1, n // 2 + 1), np.complex128))
+    for got, want in [(jax.jit(lambda θ, x: D(θ) @ x)(θ, x), (B @ A)(θ) @ x),
+                      (jax.jit(lambda θ, y: D.H(θ) @ y)(θ, y), (B @ A).H(θ) @ y)]:
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-13)
+
+    A = po.kron(po.Identity(2, r), po.Matrix(8, 8, r), po.Identity(n, r))
+    B = (po.kron(po.Diagonal(2, c), po.Identity(8, c), po.Identity(n // 2 + 1, c))
+         @ po.kron(po.Identity(2, r), po.Identity(8, r), po.DFT(n, r, norm="ortho")))
+    D = po.distribute(B, P(None, None, None), mesh=mesh) @ po.distribute(A, P(None, "c", None), mesh=mesh)
+    θ = random_params(B @ A)
+    x = jnp.asarray(random_array(np.random.default_rng(13), (2, 8, n), np.float64))
+    loss = lambda θ, op: jnp.sum(jnp.abs(op(θ) @ x) ** 2)
+    got, want = jax.jit(jax.grad(loss), static_argnums=1)(θ, D), jax.grad(loss)(θ, B @ A)
+    for name in want:
+        np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-12, atol=1e-12)
+
+
+def _primitives(jaxpr) -> list[str]:
+    """The primitives of `jaxpr` in order, those of the jaxprs it calls in place of the call."""
+    names = []
+    for eqn in jaxpr.eqns:
+        # a jaxpr, or a closed one (its `jaxpr`), among the equation's parameters
+        inner = [getattr(v, "jaxpr", v) for v in eqn.params.values() if hasattr(getattr(v, "jaxpr", v), "eqns")]
+        if inner:
+            for sub in inner:
+                names += _primitives(sub)
+        else:
+            names.append(eqn.primitive.name)
+    return names
+
+
+def test_an_ffts_operand_is_guarded_in_its_pullback_only():
+    """The row-major guard (`_fft`) puts an optimisation barrier after every FFT, and on
+    its operand's side only in the pullback: a forward program's FFT reads its operand as
+    the operand's producer made it (guarded, XLA could not fuse that producer into the
+    layout the FFT needs, and the FNO's remat step held one more complex block: 9.73 ->
+    11.07 GB per device at dfno's block), and the gradient's FFT hands back a row-major
+    cotangent."""
+    op = po.kron(po.Identity(3, "float32"), po.DFT(8, "float32"))
+    x = jnp.ones((3, 8), jnp.float32)
+    forward = _primitives(jax.make_jaxpr(lambda x: op({}) @ x)(x).jaxpr)
+    assert forward.index("fft") < forward.index("optimization_barrier"), forward
+    backward = _primitives(jax.make_jaxpr(jax.grad(lambda x: jnp.sum(jnp.abs(op({}) @ x) ** 2)))(x).jaxpr)
+    ffts = [i for i, name in enumerate(backward) if name == "fft"]
+    assert len(ffts) == 2 and "optimization_barrier" in backward[ffts[-1]:], backward
+
+
 def _dealing(D) -> int:
     """How many `ppermute`s deal blocks anew in `D`'s plan (the halo exchanges aside)."""
     return sum(isinstance(visit.action, Permute) for visit in walk(D.plan.visits))

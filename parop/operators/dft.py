@@ -140,26 +140,30 @@ def _length_one(x: jax.Array, to_complex: bool, to_real: bool = False) -> jax.Ar
 
 
 def _fft(transform: Callable, x: jax.Array, axes, **options) -> jax.Array:
-    """`transform(x, axes=axes, **options)` (an `fftn` of `jnp.fft`) with its operand and
-    its result laid out row-major: XLA:CPU's FFT refuses any other layout (an INTERNAL
-    RET_CHECK in its FFT thunk), and its layout assignment may give the FFT the layout of
-    a collective next to it (a length-1 axis moved anywhere; an all-gather's axis made
-    the most major in a pullback: both found by the property tests in jitted products of
-    two distributed programs). Each passes through a flat array behind an optimisation
-    barrier, which XLA cannot lay out otherwise and cannot simplify away: free reshapes
-    where the layout is row-major already, a copy where it was not (the same guard on
-    the result guards the operand of the FFT the pullback runs). Only in a traced
-    program: an FFT run eagerly is a program of its own, its operand row-major, and the
-    guard's own dispatches would cost more than the FFTs (two DFT(16) on 16 x 16 x 4:
-    107 -> 170 - 217 us a call).
+    """`transform(x, axes=axes, **options)` (an `fftn` of `jnp.fft`) with its result, and
+    the cotangent a pullback hands back for its operand, laid out row-major: XLA:CPU's
+    FFT refuses any other layout (an INTERNAL RET_CHECK in its FFT thunk), and its layout
+    assignment may give an FFT the layout of a collective next to it (a length-1 axis
+    moved anywhere; an all-gather's axis made the most major in a pullback: both found by
+    the property tests in jitted products of two distributed programs). Each passes
+    through a flat array behind an optimisation barrier, which XLA cannot lay out
+    otherwise and cannot simplify away: free reshapes where the layout is row-major
+    already, a copy where it was not (the guard on the result also guards the operand of
+    the FFT the pullback runs). The operand itself is not guarded, only its tangent
+    (`_row_major_pullback`): guarded, it kept XLA from fusing the operand's producer into
+    the layout it gives the FFT, and the FNO's remat step held one more complex block
+    (dfno's block: 9.73 -> 11.07 GB per device), while nothing the tests or the property
+    tests draw needed it. Only in a traced program: an FFT run eagerly is a program of its
+    own, its operand row-major, and the guard's own dispatches would cost more than the
+    FFTs (two DFT(16) on 16 x 16 x 4: 107 -> 170 - 217 us a call).
 
     >>> x = jnp.arange(8.0).reshape(2, 4)
     >>> y = jax.jit(lambda x: _fft(jnp.fft.fftn, x, (1,)))(x)
     >>> bool(jnp.allclose(y, jnp.fft.fft(x)))
     True
     """
-    y = transform(_row_major(x), axes=tuple(a % x.ndim for a in axes), **options)
-    return _row_major(y)
+    operand = _row_major_pullback(x) if isinstance(x, jax.core.Tracer) else x
+    return _row_major(transform(operand, axes=tuple(a % x.ndim for a in axes), **options))
 
 
 def _row_major(x: jax.Array) -> jax.Array:
@@ -167,6 +171,19 @@ def _row_major(x: jax.Array) -> jax.Array:
     if not isinstance(x, jax.core.Tracer):
         return x
     return jax.lax.optimization_barrier(x.reshape(-1)).reshape(x.shape)
+
+
+@jax.custom_jvp
+def _row_major_pullback(x: jax.Array) -> jax.Array:
+    """`x` as it is, its tangent row-major (`_row_major`), and so the cotangent that a
+    pullback hands back through it: an FFT's operand, whose pullback's FFT result this
+    guards (see `_fft`)."""
+    return x
+
+
+@_row_major_pullback.defjvp
+def _row_major_pullback_jvp(primals, tangents):
+    return primals[0], _row_major(tangents[0])
 
 
 def fusable(run: list, leaf, axis: int) -> bool:
