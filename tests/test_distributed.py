@@ -6,6 +6,7 @@ import math
 from collections import Counter
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -371,8 +372,7 @@ def _primitives(jaxpr) -> list[str]:
     """The primitives of `jaxpr` in order, those of the jaxprs it calls in place of the call."""
     names = []
     for eqn in jaxpr.eqns:
-        # a jaxpr, or a closed one (its `jaxpr`), among the equation's parameters
-        inner = [getattr(v, "jaxpr", v) for v in eqn.params.values() if hasattr(getattr(v, "jaxpr", v), "eqns")]
+        inner = list(jax.extend.core.jaxprs_in_params(eqn.params))
         if inner:
             for sub in inner:
                 names += _primitives(sub)

@@ -829,7 +829,6 @@ def test_a_later_terms_bound_to_an_exit_no_end_popped_is_at_most_its_least_cost(
     assert compared >= 20 * SCALE and exact_ones >= compared // 2, (compared, exact_ones)
 
 
-
 def test_a_later_terms_least_cost_to_any_exit_is_the_first_end_of_its_departures_search():
     """`LowerBound.term_bound` to an exit not known yet takes the first end that the
     term's search of its departures pops (`LowerBound.departures`, searched on as far as
@@ -864,6 +863,7 @@ def test_a_later_terms_least_cost_to_any_exit_is_the_first_end_of_its_departures
                 f"{what}: term {t}, {answers[0][0]} != {least}"
             compared += 1
     assert compared >= 12 * SCALE, compared
+
 
 def _regression_cases():
     """Problems where the fast search's lower bound once exceeded the true cost to go,
