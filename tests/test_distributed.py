@@ -321,7 +321,8 @@ def test_an_fft_beside_a_collective_in_a_pullback():
     assignment gave the pullback's FFT the all-gather's layout (that axis most major)
     and its FFT refused it (an INTERNAL RET_CHECK error, found by the combination
     property test at seed 109); each FFT's operand and result are now kept row-major.
-    Gradients against the serial operator's."""
+    Gradients against the serial operator's, and the same product transposed by a
+    jitted `jax.linear_transpose` (as lineax transposes an operator), against `.T`."""
     mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
     c = "complex128"
     A = po.kron(po.Identity(2, c), po.Matrix(8, 8, c), po.DFT(2, c))
@@ -333,16 +334,24 @@ def test_an_fft_beside_a_collective_in_a_pullback():
     got, want = jax.jit(jax.grad(loss), static_argnums=1)(θ, D), jax.grad(loss)(θ, B @ A)
     for name in want:
         np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-12, atol=1e-12)
+    _assert_linear_transpose_is_T(D, B @ A, θ, x)
+
+
+def _assert_linear_transpose_is_T(D, A, θ, x):
+    """A jitted `jax.linear_transpose` of `D(θ) @ ·` at `x`'s type is the serial `A.T`."""
+    y = jnp.asarray(random_array(np.random.default_rng(14), A.range_shape, A.range_dtype))
+    got, = jax.jit(lambda θ, y: jax.linear_transpose(lambda x: D(θ) @ x, x)(y))(θ, y)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(A.T(θ) @ y), rtol=1e-12, atol=1e-12)
 
 
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_a_real_fft_beside_a_length_one_axis_and_beside_a_collective_in_a_pullback(n):
     """The two cases above with a real DFT (`rfft`, and `irfft` in its adjoint and its
-    pullback), whose operand, unlike its result, is guarded in the pullback only (`_fft`):
-    a jitted product and its adjoint beside a length-1 axis, and the gradient of a jitted
-    product whose row-parallel `Matrix` all-gathers in its pullback. Values and
-    gradients against the serial operator."""
+    pullback), whose operand, unlike its result, is guarded in transposes only (`_fft`):
+    a jitted product and its adjoint beside a length-1 axis, and the gradient and the
+    `jax.linear_transpose` of a jitted product whose row-parallel `Matrix` all-gathers
+    in its pullback. Values and gradients against the serial operator."""
     mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
     r, c = "float64", "complex128"
     A = po.kron(po.Reduce(4, r), po.Identity(n, r))
@@ -366,6 +375,7 @@ def test_a_real_fft_beside_a_length_one_axis_and_beside_a_collective_in_a_pullba
     got, want = jax.jit(jax.grad(loss), static_argnums=1)(θ, D), jax.grad(loss)(θ, B @ A)
     for name in want:
         np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-12, atol=1e-12)
+    _assert_linear_transpose_is_T(D, B @ A, θ, x)
 
 
 def _primitives(jaxpr) -> list[str]:
@@ -381,13 +391,13 @@ def _primitives(jaxpr) -> list[str]:
     return names
 
 
-def test_an_ffts_operand_is_guarded_in_its_pullback_only():
+def test_an_ffts_operand_is_guarded_in_transposes_only():
     """The row-major guard (`_fft`) puts an optimisation barrier after every FFT, and on
-    its operand's side only in the pullback: a forward program's FFT reads its operand as
+    its operand's side only in a transpose: a forward program's FFT reads its operand as
     the operand's producer made it (guarded, XLA could not fuse that producer into the
     layout the FFT needs, and the FNO's remat step held one more complex block: 9.73 ->
-    11.07 GB per device at dfno's block), and the gradient's FFT hands back a row-major
-    cotangent."""
+    11.07 GB per device at dfno's block), and the FFT of a gradient, or of a
+    `jax.linear_transpose`, hands back a row-major cotangent."""
     op = po.kron(po.Identity(3, "float32"), po.DFT(8, "float32"))
     x = jnp.ones((3, 8), jnp.float32)
     forward = _primitives(jax.make_jaxpr(lambda x: op({}) @ x)(x).jaxpr)
@@ -395,6 +405,9 @@ def test_an_ffts_operand_is_guarded_in_its_pullback_only():
     backward = _primitives(jax.make_jaxpr(jax.grad(lambda x: jnp.sum(jnp.abs(op({}) @ x) ** 2)))(x).jaxpr)
     ffts = [i for i, name in enumerate(backward) if name == "fft"]
     assert len(ffts) == 2 and "optimization_barrier" in backward[ffts[-1]:], backward
+    transpose = jax.linear_transpose(lambda x: op({}) @ x, x)
+    transposed = _primitives(jax.make_jaxpr(transpose)(op({}) @ x).jaxpr)
+    assert transposed.count("fft") == 1 and "optimization_barrier" in transposed[transposed.index("fft"):], transposed
 
 
 def _dealing(D) -> int:

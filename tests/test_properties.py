@@ -319,9 +319,10 @@ def _spec_on_abc(shape, places) -> P | None:
 def test_operators_distributed_apart_combine_as_their_serial_operators(case):
     """Two random operators, each distributed on its own random layout of one mesh (Auto
     or Explicit axes), combined (`DA + DB`, `DA - 2.5 DB`, `DB @ DA`; and the adjoint of
-    that): output and gradients, jitted and eager, equal the serial combination's in
-    float64, whatever moves the layouts need between the programs (planned
-    repartitions, or XLA's where no plan makes one)."""
+    that): output and gradients, jitted and eager, and a jitted `jax.linear_transpose`
+    (against `.T`), equal the serial combination's in float64, whatever moves the
+    layouts need between the programs (planned repartitions, or XLA's where no plan
+    makes one)."""
     seed, dtype, shape, kind, places, outs, axis_type, adjoint = case
     rng = np.random.default_rng(seed)
     mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(axis_type,) * 3)
@@ -350,6 +351,10 @@ def test_operators_distributed_apart_combine_as_their_serial_operators(case):
         want = op(θ) @ x
         close(jax.jit(lambda θ, x: D(θ) @ x)(θ, x), want, scale_of(want))
         close(D(θ) @ x, want, scale_of(want))
+        y = jnp.asarray(random_array(rng, op.range_shape, op.range_dtype))
+        (t,) = jax.jit(lambda θ, y: jax.linear_transpose(lambda v: D(θ) @ v, x)(y))(θ, y)
+        want = op.T(θ) @ y
+        close(t, want, scale_of(want))
         if op.parameters:
             loss = lambda θ, o: jnp.sum(jnp.abs(o(θ) @ x) ** 2)
             got, grads = jax.jit(jax.grad(loss), static_argnums=1)(θ, D), jax.grad(loss)(θ, op)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Callable, Iterable, TypeVar
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import ad, batching, mlir
 
 from .. import _dtypes
 from .._checks import positive_int
@@ -141,7 +143,7 @@ def _length_one(x: jax.Array, to_complex: bool, to_real: bool = False) -> jax.Ar
 
 def _fft(transform: Callable, x: jax.Array, axes, **options) -> jax.Array:
     """`transform(x, axes=axes, **options)` (an `fftn` of `jnp.fft`) with its result, and
-    the cotangent a pullback hands back for its operand, laid out row-major: XLA:CPU's
+    the cotangent a transpose hands back for its operand, laid out row-major: XLA:CPU's
     FFT refuses any other layout (an INTERNAL RET_CHECK in its FFT thunk), and its layout
     assignment may give an FFT the layout of a collective next to it (a length-1 axis
     moved anywhere; an all-gather's axis made the most major in a pullback: both found by
@@ -149,20 +151,21 @@ def _fft(transform: Callable, x: jax.Array, axes, **options) -> jax.Array:
     through a flat array behind an optimisation barrier, which XLA cannot lay out
     otherwise and cannot simplify away: free reshapes where the layout is row-major
     already, a copy where it was not (the guard on the result also guards the operand of
-    the FFT the pullback runs). The operand itself is not guarded, only its tangent
-    (`_row_major_pullback`): guarded, it kept XLA from fusing the operand's producer into
-    the layout it gives the FFT, and the FNO's remat step held one more complex block
-    (dfno's block: 9.73 -> 11.07 GB per device), while nothing the tests or the property
-    tests draw needed it. Only in a traced program: an FFT run eagerly is a program of its
-    own, its operand row-major, and the guard's own dispatches would cost more than the
-    FFTs (two DFT(16) on 16 x 16 x 4: 107 -> 170 - 217 us a call).
+    the FFT a transpose runs). The operand itself is not guarded, only what a transpose
+    hands back for it (`_row_major_cotangent_p`, in a pullback and in
+    `jax.linear_transpose` alike): guarded, it kept XLA from fusing the operand's
+    producer into the layout it gives the FFT, and the FNO's remat step held one more
+    complex block (dfno's block: 9.73 -> 11.07 GB per device), while nothing the tests or
+    the property tests draw needed it. Only in a traced program: an FFT run eagerly is a
+    program of its own, its operand row-major, and the guard's own dispatches would cost
+    more than the FFTs (two DFT(16) on 16 x 16 x 4: 107 -> 170 - 217 us a call).
 
     >>> x = jnp.arange(8.0).reshape(2, 4)
     >>> y = jax.jit(lambda x: _fft(jnp.fft.fftn, x, (1,)))(x)
     >>> bool(jnp.allclose(y, jnp.fft.fft(x)))
     True
     """
-    operand = _row_major_pullback(x) if isinstance(x, jax.core.Tracer) else x
+    operand = _row_major_cotangent_p.bind(x) if isinstance(x, jax.core.Tracer) else x
     return _row_major(transform(operand, axes=tuple(a % x.ndim for a in axes), **options))
 
 
@@ -173,17 +176,16 @@ def _row_major(x: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(x.reshape(-1)).reshape(x.shape)
 
 
-@jax.custom_jvp
-def _row_major_pullback(x: jax.Array) -> jax.Array:
-    """`x` as it is, its tangent row-major (`_row_major`), and so the cotangent that a
-    pullback hands back through it: an FFT's operand, whose pullback's FFT result this
-    guards (see `_fft`)."""
-    return x
-
-
-@_row_major_pullback.defjvp
-def _row_major_pullback_jvp(primals, tangents):
-    return primals[0], _row_major(tangents[0])
+_row_major_cotangent_p = jax.extend.core.Primitive("parop_row_major_cotangent")
+"""The identity (no operation in the compiled program), linear, whose transpose is
+`_row_major`: an FFT's operand, so that whatever transposes the FFT (a pullback, or
+`jax.linear_transpose` of a user's `A @ x`, which would run a `custom_jvp`'s function
+and drop its rule) hands back a row-major cotangent (see `_fft`)."""
+_row_major_cotangent_p.def_impl(lambda x: x)
+_row_major_cotangent_p.def_abstract_eval(lambda aval: aval)
+mlir.register_lowering(_row_major_cotangent_p, lambda ctx, x: [x])
+ad.deflinear2(_row_major_cotangent_p, lambda cotangent, x: [_row_major(cotangent)])
+batching.defvectorized(_row_major_cotangent_p)
 
 
 def fusable(run: list, leaf, axis: int) -> bool:
