@@ -78,6 +78,13 @@ tests compare their costs on hundreds of random operators and partitions), with:
 tensor at some step, even after every `psum` that may run before it, "no plan exists"
 at once; a search with sums would otherwise wander through millions of states first.
 
+**After the search** (`plan.smallest_first`): the local steps between two collectives
+cost nothing either way, so no cost sees their order, and the search leaves it to
+chance. They run in the order, of those their dependencies allow, that keeps the
+tensor smallest (the least sum of its bytes after each step): the FNO's restriction
+right after the DFT it prunes, before the next axis's FFT; its zero-padding right
+before the inverse DFT.
+
 The planner knows nothing of JAX arrays: it reads shapes, dtypes and mesh axis sizes
 and returns a `Plan` that `lower.py` runs.
 """
@@ -95,7 +102,7 @@ from .actions import StepAction
 from .cost import Collective, CostModel
 from .errors import PlanningError
 from .goal import Goal, counts_goal, default_goal
-from .plan import Plan, Visit, replay, start, walk, weight_uses
+from .plan import Plan, Visit, replay, smallest_first, start, walk, weight_uses
 from .program import Program, Slot, Step, program
 from .room import NoRoom, no_room
 from .search import Search
@@ -157,6 +164,7 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
             raise _no_plan(PlanningError("no plan exists"), prog, in_layout, mesh_shape, where, shard_weights)
         price, actions, _ = min(plans, key=lambda p: p[0])
         expanded += sum(p[2] for p in plans)
+    actions = smallest_first(replay(actions, start(prog.shape, in_layout, prog.dtype, tuple(mesh_shape.items())))[0])
     return (price, actions, expanded) if with_cost else (actions, expanded)
 
 

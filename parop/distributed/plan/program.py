@@ -228,7 +228,7 @@ def _flow(flow: Flow) -> str:
     return COMPLEX if flow is Flow.COMPLEX else FREE
 
 
-def _ordered(a: Step, b: Step) -> bool:
+def ordered(a: Step, b: Step) -> bool:
     """Whether `a` (earlier in the serial program) must stay before `b`."""
     if set(a.axes) & set(b.axes):
         return True
@@ -237,7 +237,7 @@ def _ordered(a: Step, b: Step) -> bool:
 
 
 def _order(steps: list[Step], shape: tuple[int, ...], dtype: np.dtype) -> Program:
-    preds = tuple(sum(1 << i for i, a in enumerate(steps[:j]) if _ordered(a, b)) for j, b in enumerate(steps))
+    preds = tuple(sum(1 << i for i, a in enumerate(steps[:j]) if ordered(a, b)) for j, b in enumerate(steps))
     return Program(tuple(steps), preds, shape, dtype)
 
 
