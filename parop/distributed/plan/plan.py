@@ -10,7 +10,7 @@ import math
 import sys
 from dataclasses import dataclass, replace
 from enum import Enum
-from functools import cached_property
+from functools import cache, cached_property
 
 import jax
 import jax.numpy as jnp
@@ -104,6 +104,7 @@ def _smallest_order(run: list[Visit]) -> list[Action]:
     preds = [sum(1 << i for i in range(j) if ordered(steps[i], steps[j])) for j in range(len(steps))]
     before = run[0].before
 
+    @cache
     def bytes_after(done: int) -> int:
         sizes, itemsize = list(before.sizes), before.itemsize
         for j, step in enumerate(steps):
