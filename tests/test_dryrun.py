@@ -85,6 +85,18 @@ def test_remat_gives_the_same_gradients(partition):
                                    atol=1e-13 * float(jnp.max(jnp.abs(g0[name]))), err_msg=name)
 
 
+def test_a_distributed_step_computes_what_the_serial_step_computes():
+    """Split over 8 devices where no axis needs padding, the FNO's training step computes
+    per device an eighth of what the serial step computes (XLA's flop count, within 1 %):
+    each restriction runs right after the FFT it prunes (`smallest_first`). The
+    search's own order ran a 4-D model's `rDFT` and the next axis's `DFT` as one FFT
+    before either restriction, 7 % more flops here (1.6x at dfno's block on 64
+    devices)."""
+    model = FNO((16, 16, 8, 16), width=8, modes=(4, 4, 4, 4), layers=2)
+    serial, split = dry_run(model, 1), dry_run(model.distribute((1, 1, 2, 4, 1, 1)), 1)
+    assert split["flops"] * 8 == pytest.approx(serial["flops"], rel=0.01), (split["flops"] * 8, serial["flops"])
+
+
 def test_the_chosen_partition_plans_and_fits():
     """`distribute(devices=8, batch=2, memory_limit=...)`: the cheapest candidate that
     plans, with the limit met; the candidates split the batch and grid axes only, each
