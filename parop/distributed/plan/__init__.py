@@ -146,12 +146,15 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
     except PlanningError as e:
         price, actions, expanded = _dealing_route(e, prog, in_layout, mesh_shape, goal, cost, where, shard_weights,
                                                   pinned, search.expanded)
-    placements = weight_uses(replay(actions, start(prog.shape, in_layout, prog.dtype, tuple(mesh_shape.items())))[0])
-    shared = next(((name, specs) for name, specs in placements.items() if len(specs) > 1), None)
-    if shared is not None:
+    visits = replay(actions, start(prog.shape, in_layout, prog.dtype, tuple(mesh_shape.items())))[0]
+    shared = next(((name, specs) for name, specs in weight_uses(visits).items() if len(specs) > 1), None)
+    if shared is None:
+        actions = smallest_first(visits)
+    else:
         # A weight used by several steps enters the program once, so all of them must use
         # it split alike: the cheapest plan with it pinned to one of the splits the free
-        # search chose (each re-plan settles any other weight the same way).
+        # search chose (each re-plan settles any other weight the same way, and orders
+        # its local steps).
         name, specs = shared
         plans = []
         for spec in specs:
@@ -164,7 +167,6 @@ def route(prog: Program, in_layout: Layout, mesh_shape: Mapping[str, int], goal:
             raise _no_plan(PlanningError("no plan exists"), prog, in_layout, mesh_shape, where, shard_weights)
         price, actions, _ = min(plans, key=lambda p: p[0])
         expanded += sum(p[2] for p in plans)
-    actions = smallest_first(replay(actions, start(prog.shape, in_layout, prog.dtype, tuple(mesh_shape.items())))[0])
     return (price, actions, expanded) if with_cost else (actions, expanded)
 
 
