@@ -344,7 +344,6 @@ def _assert_linear_transpose_is_T(D, A, θ, x):
     np.testing.assert_allclose(np.asarray(got), np.asarray(A.T(θ) @ y), rtol=1e-12, atol=1e-12)
 
 
-
 @pytest.mark.parametrize("n", [2, 4])
 def test_a_real_fft_beside_a_length_one_axis_and_beside_a_collective_in_a_pullback(n):
     """The two cases above with a real DFT (`rfft`, and `irfft` in its adjoint and its

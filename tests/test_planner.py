@@ -45,9 +45,9 @@ import parop.distributed.plan.bound as bound_module
 import parop.distributed.plan.search as search_module
 from parop.distributed.layout import layout_of, layouts
 from parop.distributed.plan import CostModel, Goal, Plan, program
+from parop.distributed.plan.actions import Local
 from parop.distributed.plan.bound import Shuttles
 from parop.distributed.plan.goal import counts_goal, default_goal
-from parop.distributed.plan.actions import Local
 from parop.distributed.plan.plan import walk
 from parop.distributed.plan.program import chain, ordered, prices_alike_backwards, transposed
 from parop.distributed.plan.room import no_room
