@@ -8,13 +8,15 @@ training step, not from a formula): per device per step, the collectives by kind
 bytes they send, and XLA's `cost_analysis()` of the one-device step (floating-point
 operations and bytes read and written). What is modelled:
 
-- compute: the one-device step at the same block (weak scaling: every device works on
-  a block of that size; the longer FFTs of larger grids, a log factor, are left out),
-  memory-bound or compute-bound, whichever is slower: `max(flops / peak,
-  bytes_accessed / hbm)`. The one-device step without remat: XLA's cost analysis
-  counts a loop's body once, so the remat step's blocked projection is under-counted;
-  remat's recomputation (about one more forward pass of each Fourier layer) is left
-  out too;
+- compute: memory-bound or compute-bound, whichever is slower: `max(flops / peak,
+  bytes_accessed / hbm)`, per device. The counts are the one-device step's without
+  remat (XLA's cost analysis counts a loop's body once, so the remat step's blocked
+  projection is under-counted; remat's recomputation, about one more forward pass of
+  each Fourier layer, is left out too), each scaled by how much the P-device step's own
+  count exceeds the one-device step's of the same kind (with or without remat): the
+  work distribution adds (padding, the copies a plan's local steps make), measured, not
+  assumed away. The longer FFTs of larger grids (weak scaling), a log factor, are left
+  out;
 - communication: each collective costs a start-up `latency`, and the bytes a device
   sends cross its link at `link` bytes/s (NVLink inside a node, the network card
   beyond); no overlap with compute.
@@ -49,10 +51,13 @@ A100 = Machine("A100 40 GB, 4 per node, 200 Gb/s Slingshot per GPU (Perlmutter, 
                hbm=1.55e12, node=4, nvlink=300e9, link=25e9, latency=20e-6)
 
 
-def step_time(report: dict, one_device: dict, m: Machine) -> dict:
-    """Predicted compute, communication and step time (s) of one dry-run report, with
-    the compute of `one_device`'s report."""
-    compute = max(one_device["flops"] / m.peak, one_device["bytes_accessed"] / m.hbm)
+def step_time(report: dict, one_device: dict, m: Machine, same_kind: dict | None = None) -> dict:
+    """Predicted compute, communication and step time (s) of one dry-run report: the
+    compute of `one_device`'s report, each count scaled by `report`'s over that of
+    `same_kind` (the one-device report of `report`'s kind; None: `one_device`)."""
+    same_kind = one_device if same_kind is None else same_kind
+    flops, moved = (one_device[k] * report[k] / same_kind[k] for k in ("flops", "bytes_accessed"))
+    compute = max(flops / m.peak, moved / m.hbm)
     link = m.nvlink if report["devices"] <= m.node else m.link
     count = sum(report["collectives"].values())
     comm = count * m.latency + report["hlo_sent_bytes"] / link if report["devices"] > 1 else 0.0
@@ -68,7 +73,7 @@ def table(results: dict, kind: str, m: Machine) -> list[str]:
         report = results.get(f"{devices} {kind}") or results.get(f"{devices} dfno remat")
         if report is None or "error" in report:
             continue
-        t = step_time(report, one, m)
+        t = step_time(report, one, m, results["1 dfno remat"] if "remat" in kind else one)
         eff = f"{base / t['step']:.0%}"
         rows.append(f"| {devices} | {tuple(report['partition'])} | {t['compute'] * 1e3:.0f} ms | "
                     f"{t['comm'] * 1e3:.1f} ms | {t['step'] * 1e3:.0f} ms | {eff} |")

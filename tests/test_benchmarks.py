@@ -206,6 +206,31 @@ def test_the_chain_scan_draws_chains_in_the_planning_targets_scope():
     assert text.startswith("1 random FNO chains (seed 0)") and "| 1-D 16, width 4" in text
 
 
+def test_the_scaling_model_takes_each_steps_own_counts_and_traffic():
+    """`benchmarks/scaling.py` prices a P-device step from its own dry run: the
+    one-device step's compute, each count (flops, bytes accessed) scaled by the P-device
+    step's over the one-device step's of its kind, whichever of flops and bytes is
+    slower, plus a start-up per collective and the bytes sent over NVLink inside a node
+    and the network beyond; the one-device step has no communication."""
+    from benchmarks.scaling import H100, step_time, table
+
+    one = {"devices": 1, "partition": [1, 1, 1], "flops": 4e12, "bytes_accessed": 2e11, "collectives": {},
+           "hlo_sent_bytes": 0}
+    one_remat = {**one, "flops": 2e12, "bytes_accessed": 1e11}
+    spread = {"devices": 64, "partition": [1, 1, 64], "flops": 2.5e12, "bytes_accessed": 1.5e11,
+              "collectives": {"all-to-all": 8, "all-reduce": 2}, "hlo_sent_bytes": 1e9}
+    t = step_time(spread, one, H100, one_remat)
+    assert t["compute"] == pytest.approx(max(5e12 / H100.peak, 3e11 / H100.hbm))
+    assert t["comm"] == pytest.approx(10 * H100.latency + 1e9 / H100.link)
+    assert step_time(one, one, H100) == {"compute": max(4e12 / H100.peak, 2e11 / H100.hbm), "comm": 0.0,
+                                         "step": max(4e12 / H100.peak, 2e11 / H100.hbm)}
+    inside = step_time({**spread, "devices": H100.node}, one, H100, one_remat)
+    assert inside["comm"] == pytest.approx(10 * H100.latency + 1e9 / H100.nvlink)
+    rows = table({"1 dfno": one, "1 dfno remat": one_remat, "64 choice remat": spread}, "choice remat", H100)
+    assert len(rows) == 4 and rows[3].startswith("| 64 | (1, 1, 64) |")
+    assert rows[3].endswith(f"| {step_time(one, one, H100)['step'] / t['step']:.0%} |")
+
+
 def test_the_combination_benchmark_compares_planned_moves_with_xlas():
     """`benchmarks/combine.py` at a small size: each candidate matches NumPy, parop's
     combinations move their data with `all_to_all`s only, its sum sends less than the
