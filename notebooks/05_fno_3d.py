@@ -40,7 +40,7 @@ import warnings
 import matplotlib.pyplot as plt
 
 from parop.datasets import darcy_flow
-from parop.nn import FNO, UnitGaussianNormalizer, evaluate, fit, relative_l2
+from parop.nn import FNO, UnitGaussianNormalizer, dry_run, evaluate, fit, relative_l2
 
 STEPS = int(os.environ.get("PAROP_NOTEBOOK_STEPS", 300))
 SAMPLES = int(os.environ.get("PAROP_NOTEBOOK_SAMPLES", 500))
@@ -120,47 +120,42 @@ print(ops[1].plan)
 # %% [markdown]
 # ## Memory per device
 #
-# One training step (the loss and its gradient, `jax.jit(jax.value_and_grad(loss))`)
-# compiled for the serial model on 1 device and for the model distributed over 2, 4 and
-# 8, at this notebook's size (24³, width 16, batch 4). It is compiled from shapes alone
-# (`jax.ShapeDtypeStruct`s with the shardings the model wants), so nothing runs.
-# `compiled.memory_analysis()` gives each device's arguments (the parameters and the
-# batch), outputs (the loss and the gradients) and temporaries (the intermediate values,
-# among them the activations kept for the backward pass). These are XLA:CPU's buffer
-# assignments for the forced host devices; a GPU compiler would give other numbers.
+# `dry_run(model, batch)` compiles one training step (forward, backward and Adam's
+# update, as `fit` trains) for the serial model on 1 device and for the model
+# distributed over 2, 4 and 8, at this notebook's size (24³, width 16, batch 4). It
+# compiles from shapes alone (`jax.ShapeDtypeStruct`s with the shardings the model
+# wants), so nothing runs and nothing of the model's is allocated. Its `memory` is
+# `compiled.memory_analysis()` per device: the arguments (the parameters, Adam's state
+# and the batch), the outputs (the new parameters and state, the loss) and the
+# temporaries (the intermediate values, among them the activations kept for the
+# backward pass). These are XLA:CPU's buffer assignments for the forced host devices; a
+# GPU compiler would give other numbers. It also counts the step's collectives in the
+# compiled program and the bytes each device sends.
 
 # %%
-loss = lambda m: lambda θ, a, u: relative_l2(m.apply(θ, a), u)
-
-def step_memory(m, batch):
-    """Per-device bytes of one compiled training step of model m (arguments, outputs, temporaries)."""
-    shapes = jax.eval_shape(m.init, jax.random.key(0))   # the weights' shapes, placed as m.init places them
-    where = m.param_shardings() if m.distributed else {}
-    θ_shape = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=where.get(k)) for k, v in shapes.items()}
-    a_shape = jax.ShapeDtypeStruct((batch, 1) + m.grid, jnp.float32, sharding=m.in_sharding if m.distributed else None)
-    compiled = jax.jit(jax.value_and_grad(loss(m))).lower(θ_shape, a_shape, a_shape).compile()
-    memory = compiled.memory_analysis()
-    return memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.temp_size_in_bytes
-
 MiB = 2**20
-print(f"{'P':>2} {'partition':16} {'arguments':>10} {'outputs':>8} {'temporaries':>12} {'total':>9}   total x P")
+print(f"{'P':>2} {'partition':16} {'arguments':>10} {'outputs':>8} {'temporaries':>12} {'total':>9}   total x P"
+      f"   all_to_alls  psums  sent")
 for P, partition in [(1, None), (2, (1, 1, 2, 1, 1)), (4, (1, 1, 2, 2, 1)), (8, (1, 1, 2, 2, 2))]:
     m = model if partition is None else dist if P == 8 else model.distribute(partition)
-    sizes = step_memory(m, BATCH)
-    total = sum(sizes)
+    report = dry_run(m, BATCH)
+    memory, total = report["memory"], report["memory_bytes"]
     if P == 1:
         serial = total
-    print(f"{P:2} {str(partition or 'serial'):16} {sizes[0] / MiB:8.2f} MiB {sizes[1] / MiB:5.2f} MiB "
-          f"{sizes[2] / MiB:9.1f} MiB {total / MiB:6.1f} MiB   {P * total / serial:.2f} x serial")
+    print(f"{P:2} {str(partition or 'serial'):16} {memory['arguments'] / MiB:8.2f} MiB {memory['outputs'] / MiB:5.2f} MiB "
+          f"{memory['temporaries'] / MiB:9.1f} MiB {total / MiB:6.1f} MiB   {P * total / serial:.2f} x serial"
+          f"   {report['collectives']['all_to_all']:11} {report['collectives']['psum']:6}  "
+          f"{report['sent_bytes'] / MiB:.2f} MiB")
 
 # %% [markdown]
 # Each device's share falls as 1/P: the model splits the activations, which dominate, and
 # the spectral weights with them; only the small channel-mixing weights and biases are
-# copied on every device. The totals over all devices stay at the serial model's.
-#
-# `parop.nn.dry_run(model, batch)` measures the whole training step this way, Adam's
-# update and state included, and `python -m parop.nn.dryrun` does it at sizes no machine
-# here could hold (the README's "Will it fit?").
+# copied on every device. The totals over all devices stay at the serial model's. The
+# price is communication: `all_to_all`s (two per Fourier layer forward, as many
+# backward, and those of the lifting and the projection) and all-reduces (`psum`: the
+# gradients of the weights every device holds whole, and the loss), 1 - 2 MiB sent per
+# device per step here. `python -m parop.nn.dryrun` runs the same dry run
+# at sizes no machine here could hold (the README's "Will it fit?").
 
 # %% [markdown]
 # ## Training
