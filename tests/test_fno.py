@@ -138,7 +138,7 @@ def test_a_batch_the_reference_placements_cannot_plan_runs_filled_up_to_the_refe
         a, u = (x.astype(jnp.float64) for x in inputs(model, b, seed=b))
         out = jax.jit(dist.apply)(θd, jax.device_put(a, dist.in_sharding))
         assert out.shape == (b, 1, 16, 16) and out.sharding.spec == dist.in_sharding.spec
-        np.testing.assert_allclose(np.asarray(out), np.asarray(model.apply(θ, a)), rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(model.apply)(θ, a)), rtol=1e-12, atol=1e-13)
         (value, grads), (dvalue, dgrads) = loss(model, a, u)(θ), loss(dist, a, u)(θd)
         np.testing.assert_allclose(float(dvalue), float(value), rtol=1e-12)
         for name in grads:
