@@ -32,7 +32,6 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"  # before j
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # those 8 devices, also where JAX would pick a GPU
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import time
 import warnings
