@@ -20,6 +20,7 @@ Example counts are bounded so that the file runs in well under 3 minutes on 2 co
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import math
 import os
 import re
@@ -57,10 +58,14 @@ PASS_SEED = seed(int(os.environ.get("PAROP_PROPERTY_SEED", 2 if LONG else 1)))
 
 @contextlib.contextmanager
 def no_hang(seconds: float = 60.0):
-    """Fail (instead of waiting forever) if the body takes longer than `seconds`."""
+    """Fail (instead of waiting forever) if the body takes longer than `seconds`, with
+    every thread's stack on stderr first: a compile still running (`backend_compile`)
+    tells a slow case from a hang (a wait on a collective that never comes)."""
 
     def alarm(signum, frame):
-        raise TimeoutError(f"no answer within {seconds} s: parop hangs")
+        faulthandler.dump_traceback(all_threads=True)
+        raise TimeoutError(f"no answer within {seconds} s: parop hangs, or compiles this slowly (the stacks on "
+                           "stderr say which)")
 
     old = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
