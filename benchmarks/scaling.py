@@ -5,8 +5,8 @@ measurement: nothing here runs on a GPU.
 
 What is measured (by the dry runs of `benchmarks/will_it_fit.py`, from the compiled
 training step, not from a formula): per device per step, the collectives by kind, the
-bytes they send, and XLA's `cost_analysis()` of the one-device step (floating-point
-operations and bytes read and written). What is modelled:
+bytes they send, and XLA's `cost_analysis()` of the step (floating-point operations
+and bytes read and written). What is modelled:
 
 - compute: memory-bound or compute-bound, whichever is slower: `max(flops / peak,
   bytes_accessed / hbm)`, per device. The counts are the one-device step's without
@@ -14,8 +14,7 @@ operations and bytes read and written). What is modelled:
   projection is under-counted; remat's recomputation, about one more forward pass of
   each Fourier layer, is left out too), each scaled by how much the P-device step's own
   count exceeds the one-device step's of the same kind (with or without remat): the
-  work distribution adds (padding, the copies a plan's local steps make), measured, not
-  assumed away. The longer FFTs of larger grids (weak scaling), a log factor, are left
+  work distribution adds (padding, the plan's moves), measured, not assumed away. The longer FFTs of larger grids (weak scaling), a log factor, are left
   out;
 - communication: each collective costs a start-up `latency`, and the bytes a device
   sends cross its link at `link` bytes/s (NVLink inside a node, the network card
