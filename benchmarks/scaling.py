@@ -14,8 +14,8 @@ and bytes read and written). What is modelled:
   projection is under-counted; remat's recomputation, about one more forward pass of
   each Fourier layer, is left out too), each scaled by how much the P-device step's own
   count exceeds the one-device step's of the same kind (with or without remat): the
-  work distribution adds (padding, the plan's moves), measured, not assumed away. The longer FFTs of larger grids (weak scaling), a log factor, are left
-  out;
+  work that distribution adds (padding, the plan's moves), measured, not assumed away.
+  The longer FFTs of larger grids (weak scaling), a log factor, are left out;
 - communication: each collective costs a start-up `latency`, and the bytes a device
   sends cross its link at `link` bytes/s (NVLink inside a node, the network card
   beyond); no overlap with compute.
