@@ -2,8 +2,10 @@
 strict dtype promotion so that an accidental upcast fails loudly.
 
 XLA:CPU compiles quickly here (`COMPILE_FLAGS`), in both passes: LLVM at optimisation
-level 0, and fusions emitted by XLA's older emitters (not its MLIR fusion emitters),
-where this jaxlib has that flag. The same HLO programs (collectives, layouts, fusions;
+level 0, and fusions emitted by XLA's older emitters (not its MLIR fusion emitters);
+each module's machine code generated in one piece, and XLA's own operations (products,
+FFTs) run on one thread, where pytest-xdist's workers already share the cores (each
+flag where this jaxlib has it). The same HLO programs (collectives, layouts, fusions;
 only a lone slice, pad or reduction is not wrapped in a fusion of its own) and the same
 IEEE operations (XLA:CPU uses no fast-math either way), compiled in about a quarter of
 the time, which is most of what the suite's many small programs cost (the
@@ -60,8 +62,12 @@ def _xla_knows(flag: str) -> bool:
     return False
 
 
-COMPILE_FLAGS = "--xla_backend_optimization_level=0" + (
-    " --xla_cpu_use_fusion_emitters=false" if _xla_knows("xla_cpu_use_fusion_emitters") else "")
+# each where this jaxlib names it: LLVM at -O0; fusions by the older emitters; each module's code generated
+# in one piece and XLA's own ops on one thread (three workers on two cores: threads of their own only compete)
+COMPILE_FLAGS = " ".join(f"--{name}={value}" for name, value in [
+    ("xla_backend_optimization_level", 0), ("xla_cpu_use_fusion_emitters", "false"),
+    ("xla_cpu_parallel_codegen_split_count", 1), ("xla_cpu_multi_thread_eigen", "false"),
+] if _xla_knows(name))
 
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [
     os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8", COMPILE_FLAGS,
